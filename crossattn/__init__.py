@@ -1,0 +1,6 @@
+"""crossattn: attention you can see -- the four steps, the blocks, the text side, capture and overlays."""
+
+from .attention import CrossAttention, attention
+from .blocks import GEGLU, SpatialTransformer, TransformerBlock
+
+__all__ = ["CrossAttention", "attention", "GEGLU", "SpatialTransformer", "TransformerBlock"]

@@ -1,0 +1,124 @@
+"""Attention in four visible steps, and the block that uses them.
+
+`attention` is the whole idea: project to Queries/Keys/Values, scaled dot products, softmax,
+weighted sum of Values. `CrossAttention` wraps it as an `nn.Module` whose parameter names match
+diffusers' `Attention` (`to_q`, `to_k`, `to_v`, `to_out.0`), so state dicts move between the two.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _check_mask(mask: torch.Tensor | None, batch: int, keys: int) -> None:
+    if mask is not None and (mask.dim() != 2 or tuple(mask.shape) != (batch, keys)):
+        raise ValueError(
+            f"key padding mask must have shape (B, keys) = ({batch}, {keys}) with True for real keys, "
+            f"got {tuple(mask.shape)}"
+        )
+
+
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, N, heads * head_dim) -> (B, heads, N, head_dim)."""
+    B, N, _ = x.shape
+    return x.view(B, N, heads, -1).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, heads, N, head_dim) -> (B, N, heads * head_dim)."""
+    B, H, N, D = x.shape
+    return x.transpose(1, 2).reshape(B, N, H * D)
+
+
+def attention(
+    x: torch.Tensor,
+    context: torch.Tensor,
+    to_q: nn.Module,
+    to_k: nn.Module,
+    to_v: nn.Module,
+    heads: int,
+    mask: torch.Tensor | None = None,
+    return_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Multi-head attention of queries `x` (B, N, C) over keys/values `context` (B, T, D).
+
+    `mask` (B, T) is True for real keys; padded keys (False) get exactly zero weight.
+    Returns the per-head values `(B, N, heads * head_dim)` (before the output projection) and,
+    if `return_weights`, the softmax weights `(B, heads, N, T)`; otherwise the fused kernel runs
+    and the weights are None.
+    """
+    _check_mask(mask, x.shape[0], context.shape[1])
+    q, k, v = split_heads(to_q(x), heads), split_heads(to_k(context), heads), split_heads(to_v(context), heads)
+    # (B, heads, N, head_dim), (B, heads, T, head_dim), (B, heads, T, head_dim)
+    key_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T), broadcast over heads, queries
+    if not return_weights:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)  # same maths, fused kernel
+        return merge_heads(out), None
+
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, heads, N, T): scaled dot products
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask, float("-inf"))
+    weights = scores.softmax(dim=-1)  # (B, heads, N, T): each query's weights over keys sum to 1
+    out = weights @ v  # (B, heads, N, head_dim): weighted sum of Values
+    return merge_heads(out), weights
+
+
+class CrossAttention(nn.Module):
+    """Image features attend to text (or, with no context, to themselves).
+
+    query_dim: channels of the image features (Queries).
+    context_dim: width of the text embeddings (Keys/Values); None means self-attention.
+    Inputs: `x` as (B, C, H, W) or (B, N, C); `context` as (B, T, context_dim).
+    Output has the shape of `x`.
+
+    The fused kernel runs unless someone needs the weights: `need_weights=True` in the call, or an
+    observer (an `AttentionStore`) attached via `self.observer`, which receives
+    `(self, weights)` with weights (B, heads, N, T).
+    """
+
+    def __init__(self, query_dim: int, context_dim: int | None = None, heads: int = 4, head_dim: int = 32,
+                 dropout: float = 0.0):
+        super().__init__()
+        inner = heads * head_dim
+        self.query_dim, self.heads, self.head_dim = query_dim, heads, head_dim
+        self.is_cross_attention = context_dim is not None
+        self.context_dim = context_dim if context_dim is not None else query_dim
+        self.to_q = nn.Linear(query_dim, inner, bias=False)
+        self.to_k = nn.Linear(self.context_dim, inner, bias=False)
+        self.to_v = nn.Linear(self.context_dim, inner, bias=False)
+        self.to_out = nn.ModuleList([nn.Linear(inner, query_dim), nn.Dropout(dropout)])
+        self.observer = None  # set by AttentionStore.attach; called with the weights of every forward
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                need_weights: bool = False):
+        image_shape = None
+        if x.dim() == 4:
+            B, C, H, W = x.shape
+            image_shape = (H, W)
+            x = x.flatten(2).transpose(1, 2)  # (B, HW, C)
+        elif x.dim() != 3:
+            raise ValueError(f"x must be (B, C, H, W) or (B, N, C), got shape {tuple(x.shape)}")
+        if x.shape[-1] != self.query_dim:
+            raise ValueError(f"x has {x.shape[-1]} channels; this block expects query_dim={self.query_dim}")
+        if context is None:
+            if self.is_cross_attention:
+                raise ValueError(f"cross-attention needs context of shape (B, T, {self.context_dim})")
+            context = x
+        elif context.dim() != 3 or context.shape[-1] != self.context_dim or context.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"context must be (B, T, context_dim) = ({x.shape[0]}, T, {self.context_dim}), "
+                f"got {tuple(context.shape)}"
+            )
+
+        want_weights = need_weights or self.observer is not None
+        out, weights = attention(x, context, self.to_q, self.to_k, self.to_v, self.heads, mask, want_weights)
+        if self.observer is not None:
+            self.observer(self, weights)
+        out = self.to_out[1](self.to_out[0](out))  # (B, N, query_dim)
+        if image_shape is not None:
+            out = out.transpose(1, 2).reshape(B, C, *image_shape)
+        return (out, weights) if need_weights else out

@@ -1,0 +1,10 @@
+"""unet: the image model, its synthetic data, the sampling pipeline and training.
+
+The pipeline's `model_index.json` names `unet.model.UNet`; importing it here lets
+`ScenePipeline.from_pretrained(folder)` find it.
+"""
+
+from .model import UNet
+from .pipeline import PRETRAINED, ScenePipeline, make_scheduler
+
+__all__ = ["UNet", "ScenePipeline", "make_scheduler", "PRETRAINED"]

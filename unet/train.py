@@ -1,0 +1,277 @@
+"""Training from scratch: DDPM noise prediction on captioned scenes, with HF accelerate.
+
+The same code runs under plain `python` on a CPU and under `accelerate launch` on many GPUs.
+One checkpoint file (`checkpoint.safetensors`) holds everything `--resume` needs -- weights, EMA,
+optimizer moments, step and RNG states -- written to a temp file and renamed, so a crash or
+Ctrl-C never leaves a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from diffusers import DDPMScheduler
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
+
+from .data import SCENE_WORDS, SceneDataset
+from .model import UNet
+from .pipeline import ScenePipeline, make_scheduler
+
+
+@dataclass
+class TrainConfig:
+    out: str = "runs/scenes-32"
+    data: str | None = None  # a folder from `--make-data`; None draws `num_samples` scenes in memory
+    num_samples: int = 30000
+    size: int = 32
+    steps: int = 3500
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    ema_decay: float = 0.995
+    caption_dropout: float = 0.1  # empty captions teach the unconditional model for guidance
+    min_snr_gamma: float = 5.0
+    seed: int = 0
+    sample_every: int = 500
+    checkpoint_every: int = 250
+    resume: bool = False
+    clip: str | None = None  # a local CLIP folder (tokenizer + text encoder), kept frozen
+    max_length: int = 32
+    channels: tuple = (32, 64, 128)
+    cross_attention: tuple = (False, True, True)
+    self_attention: tuple = (False, False, True)
+    text_width: int = 64
+    text_layers: int = 2
+    heads: int = 4
+    sample_prompts: list = field(default_factory=lambda: [
+        "a red circle", "a blue square", "a green triangle", "a yellow circle on the left",
+        "a red circle left of a blue square", "a green square above a yellow triangle",
+        "a blue triangle and a red square", "a yellow square below a green circle"])
+
+    def validate(self):
+        for name in ("steps", "batch_size", "num_samples", "size", "checkpoint_every", "sample_every"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.data is not None and not Path(self.data).is_dir():
+            raise FileNotFoundError(f"data folder {self.data} does not exist")
+        if self.clip is not None and not Path(self.clip).is_dir():
+            raise FileNotFoundError(f"CLIP folder {self.clip} does not exist")
+        if not 0 <= self.caption_dropout < 1:
+            raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
+
+
+def build_components(cfg: TrainConfig, folder: Path):
+    """Tokenizer, text encoder and a fresh U-Net for `cfg` (our own vocabulary unless `cfg.clip`)."""
+    if cfg.clip:
+        tokenizer, text_encoder = load_tokenizer(cfg.clip), load_text_encoder(cfg.clip)
+        text_encoder.requires_grad_(False)
+    else:
+        tokenizer = save_vocabulary(SCENE_WORDS, folder / "tokenizer", cfg.max_length)
+        text_encoder = new_text_encoder(tokenizer, cfg.text_width, cfg.text_layers, cfg.heads, 4 * cfg.text_width)
+    unet = UNet(sample_size=cfg.size, channels=tuple(cfg.channels), cross_attention=tuple(cfg.cross_attention),
+                self_attention=tuple(cfg.self_attention), context_dim=text_encoder.config.hidden_size,
+                heads=cfg.heads)
+    return tokenizer, text_encoder, unet
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay from lr to min_lr."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def noise_scheduler() -> DDPMScheduler:
+    return DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", prediction_type="epsilon",
+                         clip_sample=True)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.ckpt_path = self.out / "checkpoint.safetensors"
+        if self.ckpt_path.exists() and not cfg.resume:
+            raise FileExistsError(f"{self.ckpt_path} exists; pass --resume to continue it or choose another --out")
+        if cfg.resume and not self.ckpt_path.exists():
+            raise FileNotFoundError(f"--resume given but {self.ckpt_path} does not exist")
+        self.accelerator = Accelerator()
+        torch.manual_seed(cfg.seed)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if cfg.resume:
+            saved = json.loads((self.out / "train_config.json").read_text())
+            saved.update(steps=cfg.steps, resume=True)  # a resumed run may extend its step count
+            self.cfg = cfg = TrainConfig(**saved)
+        elif self.accelerator.is_main_process:
+            (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+
+        self.tokenizer, self.text_encoder, self.unet = build_components(cfg, self.out)
+        self.unet.to(memory_format=torch.channels_last)  # ~20% faster convolutions on CPU (oneDNN)
+        self.ema = copy.deepcopy(self.unet).requires_grad_(False)
+        self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
+        self.scheduler = noise_scheduler()
+        self.params = list(self.unet.parameters()) + [p for p in self.text_encoder.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.dataset = SceneDataset.load(cfg.data) if cfg.data else SceneDataset.generate(
+            cfg.num_samples, cfg.seed, cfg.size, cfg.size)
+        self.step = 0
+        self.noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
+        if cfg.resume:
+            self._load_checkpoint()
+        self.unet, self.text_encoder, self.optimizer = self.accelerator.prepare(
+            self.unet, self.text_encoder, self.optimizer)
+        self.ema.to(self.accelerator.device)
+        self.ema_text.to(self.accelerator.device)
+
+    # --- data: the batch at a step is a function of (seed, step), so a resumed run sees the same batches
+    def batch(self, step: int):
+        n, bs = len(self.dataset), self.cfg.batch_size
+        per_epoch = n // bs
+        epoch, i = divmod(step, per_epoch)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.seed * 100003 + epoch))
+        idx = order[i * bs:(i + 1) * bs]
+        # each process takes its own slice of the global batch
+        idx = idx[self.accelerator.process_index::self.accelerator.num_processes]
+        images = self.dataset.images[idx].float() / 127.5 - 1
+        drop = torch.rand(len(idx), generator=torch.Generator().manual_seed(self.cfg.seed + step)) < self.cfg.caption_dropout
+        captions = ["" if d else self.dataset.captions[j] for d, j in zip(drop.tolist(), idx.tolist())]
+        return images, captions
+
+    def loss(self, images: torch.Tensor, captions: list[str]) -> torch.Tensor:
+        device = self.accelerator.device
+        ids = self.tokenizer(captions, padding="max_length", max_length=self.tokenizer.model_max_length,
+                             truncation=True, return_tensors="pt").input_ids.to(device)
+        context = self.text_encoder(ids).last_hidden_state  # (B, T, D), one encoding shared by all layers
+        noise = torch.randn(images.shape, generator=self.noise_gen).to(device)
+        t = torch.randint(0, self.scheduler.config.num_train_timesteps, (len(images),), generator=self.noise_gen)
+        images, t = images.to(device), t.to(device)
+        noisy = self.scheduler.add_noise(images, noise, t)
+        pred = self.unet(noisy, t, encoder_hidden_states=context)
+        alphas = self.scheduler.alphas_cumprod.to(device)[t]
+        snr = alphas / (1 - alphas)
+        weight = snr.clamp(max=self.cfg.min_snr_gamma) / snr  # Min-SNR: stop easy steps dominating
+        per_image = F.mse_loss(pred, noise, reduction="none").mean(dim=(1, 2, 3))
+        return (weight * per_image).mean()
+
+    @torch.no_grad()
+    def update_ema(self):
+        d = self.cfg.ema_decay if self.step > self.cfg.warmup else 0.0  # copy early weights outright
+        for model, ema in ((self.unet, self.ema), (self.text_encoder, self.ema_text)):
+            for p, e in zip(self.accelerator.unwrap_model(model).parameters(), ema.parameters()):
+                e.lerp_(p.detach(), 1 - d)
+
+    # --- checkpoints: safetensors only, atomic
+    def save_checkpoint(self):
+        if not self.accelerator.is_main_process:
+            return
+        tensors = {}
+        for prefix, module in (("unet", self.unet), ("text", self.text_encoder), ("ema", self.ema),
+                               ("ema_text", self.ema_text)):
+            for k, v in self.accelerator.unwrap_model(module).state_dict().items():
+                tensors[f"{prefix}.{k}"] = v.detach().cpu().contiguous()
+        opt = self.optimizer.state_dict()
+        for pid, state in opt["state"].items():
+            for k, v in state.items():
+                tensors[f"opt.{pid}.{k}"] = torch.as_tensor(v).cpu().contiguous()
+        tensors["rng.noise"] = self.noise_gen.get_state()
+        tensors["rng.torch"] = torch.get_rng_state()
+        tmp = self.ckpt_path.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata={"step": str(self.step)})
+        os.replace(tmp, self.ckpt_path)
+
+    def _load_checkpoint(self):
+        try:
+            tensors = load_file(str(self.ckpt_path))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{self.ckpt_path} is not a readable safetensors checkpoint: {e}") from e
+        with safe_open(str(self.ckpt_path), "pt") as f:
+            self.step = int(f.metadata()["step"])
+        for prefix, module in (("unet", self.unet), ("text", self.text_encoder), ("ema", self.ema),
+                               ("ema_text", self.ema_text)):
+            module.load_state_dict({k[len(prefix) + 1:]: v for k, v in tensors.items()
+                                    if k.startswith(prefix + ".") and not k.startswith(prefix + "_")})
+        state = self.optimizer.state_dict()
+        for pid in range(len(state["param_groups"][0]["params"])):
+            keys = [k for k in tensors if k.startswith(f"opt.{pid}.")]
+            if keys:
+                state["state"][pid] = {k.split(".", 2)[2]: tensors[k] for k in keys}
+        self.optimizer.load_state_dict(state)
+        self.noise_gen.set_state(tensors["rng.noise"])
+        torch.set_rng_state(tensors["rng.torch"])
+
+    def pipeline(self, ema: bool = True) -> ScenePipeline:
+        unet = self.ema if ema else self.accelerator.unwrap_model(self.unet)
+        text = self.ema_text if ema else self.accelerator.unwrap_model(self.text_encoder)
+        return ScenePipeline(unet=unet, text_encoder=text, tokenizer=self.tokenizer,
+                             scheduler=make_scheduler("ddim", self.scheduler.config))
+
+    def save_samples(self, path: Path):
+        from PIL import Image
+        gen = torch.Generator().manual_seed(0)
+        images = self.pipeline()(self.cfg.sample_prompts, generator=gen, show_progress=False).images
+        s = images[0].width
+        grid = Image.new("RGB", (s * len(images), s))
+        for i, im in enumerate(images):
+            grid.paste(im, (i * s, 0))
+        grid.resize((grid.width * 4, grid.height * 4), Image.NEAREST).save(path)
+
+    def train(self, progress: bool = True) -> list[float]:
+        """Run to `cfg.steps`; returns the losses of this call. Ctrl-C saves a checkpoint first."""
+        cfg = self.cfg
+        (self.out / "samples").mkdir(exist_ok=True)
+        log = open(self.out / "loss.csv", "a", newline="")
+        writer = csv.writer(log)
+        losses = []
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress or not self.accelerator.is_main_process,
+                   desc="training")
+        t0, seen = time.time(), 0
+        try:
+            while self.step < cfg.steps:
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr_at(self.step, cfg)
+                images, captions = self.batch(self.step)
+                loss = self.loss(images, captions)
+                self.optimizer.zero_grad(set_to_none=True)
+                self.accelerator.backward(loss)
+                self.accelerator.clip_grad_norm_(self.params, cfg.grad_clip)
+                self.optimizer.step()
+                self.step += 1
+                self.update_ema()
+                losses.append(loss.item())
+                seen += len(images) * self.accelerator.num_processes
+                writer.writerow([self.step, f"{losses[-1]:.5f}", f"{time.time() - t0:.1f}"])
+                bar.set_postfix(loss=f"{losses[-1]:.4f}", img_s=f"{seen / (time.time() - t0):.0f}")
+                bar.update(1)
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self.save_checkpoint()
+                if self.accelerator.is_main_process and (self.step % cfg.sample_every == 0 or self.step == cfg.steps):
+                    self.save_samples(self.out / "samples" / f"step_{self.step:06d}.png")
+        except KeyboardInterrupt:
+            self.save_checkpoint()
+            bar.write(f"interrupted: checkpoint saved at step {self.step} in {self.ckpt_path}; --resume continues")
+            raise
+        finally:
+            bar.close()
+            log.close()
+        if self.accelerator.is_main_process:
+            self.pipeline().save_pretrained(self.out / "pipeline")
+        return losses
