@@ -273,5 +273,11 @@ class Trainer:
             bar.close()
             log.close()
         if self.accelerator.is_main_process:
-            self.pipeline().save_pretrained(self.out / "pipeline")
+            self.save_pipeline(self.out / "pipeline")
         return losses
+
+    def save_pipeline(self, folder: Path):
+        """The EMA pipeline, plus the words its captions used (so generation can warn about unseen ones)."""
+        self.pipeline().save_pretrained(folder)
+        words = sorted({w for caption in self.dataset.captions for w in caption.split()})
+        (folder / "trained_words.json").write_text(json.dumps(words))

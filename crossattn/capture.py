@@ -1,0 +1,194 @@
+"""Record attention weights while a model runs: `AttentionStore`.
+
+The store attaches to every `CrossAttention` of a model (ours), or installs `CaptureProcessor`
+on every attention of a diffusers `UNet2DConditionModel`. It keeps running sums keyed by layer
+and timestep window -- heads kept apart -- so its memory is the same after 10 steps or 1,000.
+Under classifier-free guidance the batch is `[uncond, cond]`; only the prompt-conditioned half
+is kept. Detaching restores the model exactly (the fused kernel runs again).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .attention import CrossAttention
+
+
+def layer_hw(num_queries: int, image_hw: tuple[int, int]) -> tuple[int, int]:
+    """The (h, w) of a feature map with `num_queries` pixels inside a U-Net whose input is `image_hw`.
+
+    Each U-Net level halves the size (rounding up), so try factors 1, 2, 4, ... until one fits.
+    """
+    H, W = image_hw
+    for k in range(12):
+        h, w = math.ceil(H / 2 ** k), math.ceil(W / 2 ** k)
+        if h * w == num_queries:
+            return h, w
+    raise ValueError(f"cannot place {num_queries} queries on a downsampled {H}x{W} grid")
+
+
+class AttentionStore:
+    """Running sums of attention weights, per layer and timestep window.
+
+    self_attention: also record self-attention (weights are (heads, N, N): large at high resolution).
+    windows: the number of equal timestep windows over [0, num_train_timesteps).
+    After a run, `sums[(layer, window)]` is (B, heads, N, keys) and `counts[(layer, window)]` the
+    number of forward passes summed in it; `layer_shapes[layer]` = (h, w) and `is_cross[layer]`.
+    """
+
+    def __init__(self, self_attention: bool = False, windows: int = 10, num_train_timesteps: int = 1000):
+        if windows < 1:
+            raise ValueError(f"windows must be >= 1, got {windows}")
+        self.self_attention, self.windows, self.num_train_timesteps = self_attention, windows, num_train_timesteps
+        self.guided = False  # set by the pipeline: True when the batch is [uncond, cond]
+        self.sums: dict[tuple[str, int], torch.Tensor] = {}
+        self.counts: dict[tuple[str, int], int] = {}
+        self.layer_shapes: dict[str, tuple[int, int]] = {}
+        self.is_cross: dict[str, bool] = {}
+        self._names: dict[int, str] = {}
+        self._timestep = 0
+        self._image_hw: tuple[int, int] | None = None
+        self._undo: list = []
+
+    # --- attaching
+    def attach(self, model: torch.nn.Module) -> AttentionStore:
+        if self._undo:
+            raise RuntimeError("this AttentionStore is already attached; detach it first")
+        self._undo.append(model.register_forward_pre_hook(self._before_model, with_kwargs=True).remove)
+        if hasattr(model, "attn_processors") and hasattr(model, "set_attn_processor"):
+            self._attach_diffusers(model)
+        else:
+            for name, module in model.named_modules():
+                if isinstance(module, CrossAttention) and (module.is_cross_attention or self.self_attention):
+                    self._names[id(module)] = name
+                    module.observer = self.record
+                    self._undo.append(lambda m=module: setattr(m, "observer", None))
+        if not self._names:
+            self.detach()
+            raise ValueError(f"{type(model).__name__} has no attention layers to capture")
+        return self
+
+    def _attach_diffusers(self, unet) -> None:
+        before = dict(unet.attn_processors)
+        processors = {}
+        for key, proc in before.items():
+            name = key.rsplit(".processor", 1)[0]
+            cross = name.endswith("attn2")
+            processors[key] = CaptureProcessor(self, name, cross) if cross or self.self_attention else proc
+            if cross or self.self_attention:
+                self._names[id(processors[key])] = name
+        unet.set_attn_processor(dict(processors))  # diffusers pops from the dict it gets: pass a copy
+        self._undo.append(lambda: unet.set_attn_processor(dict(before)))
+
+    def detach(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.detach()
+
+    def reset(self) -> None:
+        self.sums.clear()
+        self.counts.clear()
+
+    # --- recording
+    def _before_model(self, module, args, kwargs):
+        sample = args[0] if args else kwargs["sample"]
+        timestep = args[1] if len(args) > 1 else kwargs["timestep"]
+        self._image_hw = tuple(sample.shape[-2:])
+        self._timestep = float(torch.as_tensor(timestep).reshape(-1)[0])
+
+    def window_of(self, timestep: float) -> int:
+        return min(self.windows - 1, max(0, int(timestep * self.windows // self.num_train_timesteps)))
+
+    def record(self, module, weights: torch.Tensor) -> None:
+        """Add one forward pass's weights (B, heads, N, keys) of layer `module` to the sums."""
+        name = self._names[id(module)]
+        if self.guided:
+            weights = weights[weights.shape[0] // 2:]  # keep the prompt-conditioned half
+        key = (name, self.window_of(self._timestep))
+        w = weights.detach().float()
+        if key in self.sums:
+            self.sums[key] += w
+            self.counts[key] += 1
+        else:
+            self.sums[key], self.counts[key] = w.clone(), 1
+            self.layer_shapes[name] = layer_hw(w.shape[2], self._image_hw)
+            self.is_cross[name] = getattr(module, "is_cross_attention", getattr(module, "cross", True))
+
+    # --- reading
+    @property
+    def layers(self) -> list[str]:
+        return list(self.layer_shapes)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.sums.values())
+
+    def mean(self, layer: str, heads: list[int] | None = None, timesteps: tuple[float, float] | None = None):
+        """Weights of `layer` averaged over the chosen heads and the windows within `timesteps`
+        (inclusive range of timestep values): (B, N, keys), or None if nothing was recorded there."""
+        total, count = None, 0
+        for (name, window), s in self.sums.items():
+            if name != layer:
+                continue
+            lo = window * self.num_train_timesteps / self.windows
+            hi = (window + 1) * self.num_train_timesteps / self.windows
+            if timesteps is not None and (hi <= timesteps[0] or lo > timesteps[1]):
+                continue
+            total = s.clone() if total is None else total + s
+            count += self.counts[(name, window)]
+        if total is None:
+            return None
+        total = total / count  # (B, heads, N, keys)
+        if heads is not None:
+            if max(heads) >= total.shape[1] or min(heads) < 0:
+                raise ValueError(f"layer {layer} has {total.shape[1]} heads; got heads {heads}")
+            total = total[:, heads]
+        return total.mean(dim=1)  # (B, N, keys)
+
+
+class CaptureProcessor:
+    """A diffusers attention processor that computes attention explicitly and feeds an AttentionStore.
+
+    Same maths as diffusers' `AttnProcessor`, with the softmax weights handed to the store.
+    """
+
+    def __init__(self, store: AttentionStore, name: str, cross: bool):
+        self.store, self.name, self.cross = store, name, cross
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
+                 *args, **kwargs):
+        residual = hidden_states
+        if attn.spatial_norm is not None:
+            hidden_states = attn.spatial_norm(hidden_states, temb)
+        image_shape = None
+        if hidden_states.dim() == 4:
+            B, C, H, W = hidden_states.shape
+            image_shape = (B, C, H, W)
+            hidden_states = hidden_states.view(B, C, H * W).transpose(1, 2)
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        B, N = hidden_states.shape[:2]
+        attention_mask = attn.prepare_attention_mask(attention_mask, context.shape[1], B)
+        if attn.group_norm is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        if encoder_hidden_states is not None and attn.norm_cross:
+            context = attn.norm_encoder_hidden_states(context)
+
+        q = attn.head_to_batch_dim(attn.to_q(hidden_states))  # (B*heads, N, head_dim)
+        k = attn.head_to_batch_dim(attn.to_k(context))  # (B*heads, T, head_dim)
+        v = attn.head_to_batch_dim(attn.to_v(context))
+        weights = attn.get_attention_scores(q, k, attention_mask)  # (B*heads, N, T): scaled, softmaxed
+        self.store.record(self, weights.view(B, attn.heads, N, -1))
+        out = attn.batch_to_head_dim(torch.bmm(weights, v))  # (B, N, heads*head_dim)
+        out = attn.to_out[1](attn.to_out[0](out))
+        if image_shape is not None:
+            out = out.transpose(1, 2).reshape(image_shape)
+        if attn.residual_connection:
+            out = out + residual
+        return out / attn.rescale_output_factor
