@@ -14,3 +14,29 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def tiny_config(out, **overrides):
+    from unet.train import TrainConfig
+    values = dict(out=str(out), num_samples=64, size=16, steps=4, batch_size=4, channels=(8, 16),
+                  cross_attention=(True, True), self_attention=(False, True), text_width=16, text_layers=1,
+                  heads=2, max_length=16, warmup=2, sample_every=1000, checkpoint_every=1000,
+                  sample_prompts=["a red circle"])
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline_dir(tmp_path_factory):
+    """A tiny pipeline folder written by the real training code (4 steps: enough to be a real model)."""
+    from unet.train import Trainer
+    out = tmp_path_factory.mktemp("tiny_run")
+    trainer = Trainer(tiny_config(out))
+    trainer.train(progress=False)
+    return out / "pipeline"
+
+
+@pytest.fixture
+def tiny_pipeline(tiny_pipeline_dir):
+    from unet.generate import load_pipeline
+    return load_pipeline(tiny_pipeline_dir)

@@ -93,8 +93,10 @@ def _place_pair(rng: np.random.Generator, relation: str, size1: float, size2: fl
     horizontal = relation in ("left of", "right of")
     span, across = (width, height) if horizontal else (height, width)
     m1, m2 = size1 / 2 + 1, size2 / 2 + 1
-    a = rng.uniform(m1, span - m2 - (m1 + m2))  # first object's coordinate along the relation's axis
-    b = rng.uniform(a + m1 + m2, span - m2)  # second object beyond it, never overlapping
+    # first object's coordinate along the relation's axis, then the second beyond it without overlap
+    # (on images too small for that, as close as fits)
+    a = rng.uniform(m1, max(m1, span - m2 - (m1 + m2)))
+    b = rng.uniform(min(a + m1 + m2, span - m2), span - m2)
     if relation in ("right of", "below"):
         a, b = span - a, span - b  # mirror: first object in the far half
     jitter = across * 0.12
