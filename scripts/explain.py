@@ -1,0 +1,91 @@
+"""Explanations on the trained model, each a figure under --out (default outputs/explain):
+
+    python scripts/explain.py text  ["a red circle left of a blue square"] [--word circle]
+    python scripts/explain.py heads ["a red circle left of a blue square"] [--word circle]
+    python scripts/explain.py pixel ["a red circle left of a blue square"] [--x 8 --y 16]
+
+text:  the shared text encoder's self-attention per layer and head, where a word looks back to,
+       and the similarity of the position embeddings (attention alone does not see order).
+heads: cross-attention maps for one word per head and per U-Net layer.
+pixel: for one pixel, its self-attention map over the image in each self-attention layer.
+"""
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from crossattn import explain
+from crossattn.capture import AttentionStore
+from crossattn.text import prompt_words
+from unet.generate import UsageError, load_pipeline
+
+DEFAULT_PROMPT = "a red circle left of a blue square"
+
+
+def run(args) -> list[Path]:
+    pipe = load_pipeline(args.model)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompt = args.prompt
+    words = [w.text for w in prompt_words(pipe.tokenizer, prompt)]
+    word = args.word or next((w for w in words if w in ("circle", "square", "triangle")), words[-1])
+    if word not in words:
+        raise UsageError(f"--word {word!r} is not in the prompt; its words are {words}")
+    if args.what == "text":
+        tokens, weights = explain.text_attention(pipe.tokenizer, pipe.text_encoder, prompt)
+        row = explain.look_back(pipe.tokenizer, weights, prompt, word)
+        unseen = ([w for w in words if re.sub(r"\W", "", w.lower()) not in pipe.trained_words]
+                  if pipe.trained_words is not None else [])
+        explain.text_figure(tokens, weights, prompt, word, row, unseen, out / "text_attention.png")
+        explain.positions_figure(pipe.text_encoder, out / "positions.png")
+        top = [(tokens[i], round(v, 3)) for i, v in sorted(enumerate(row[-1].tolist()), key=lambda t: -t[1])[:3]]
+        print(f"'{word}' looks back most to (last layer): {top}")
+        return [out / "text_attention.png", out / "positions.png"]
+    store = AttentionStore(self_attention=args.what == "pixel")
+    with store.attach(pipe.unet):
+        image = pipe(prompt, generator=torch.Generator().manual_seed(args.seed), output_type="np",
+                     attention_store=store, show_progress=False).images[0]
+    image = (image * 255).round().astype(np.uint8)
+    size = image.shape[:2]
+    if args.what == "heads":
+        tokens = next(w.tokens for w in prompt_words(pipe.tokenizer, prompt) if w.text == word)
+        names, maps = explain.head_layer_maps(store, tokens, size)
+        explain.heads_figure(image, names, maps, store, word, prompt, out / "heads_layers.png")
+        return [out / "heads_layers.png"]
+    x = size[1] // 4 if args.x is None else args.x
+    y = size[0] // 2 if args.y is None else args.y
+    try:
+        maps = explain.pixel_maps(store, (x, y), size)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    explain.pixel_figure(image, maps, (x, y), store, out / "pixel_self_attention.png")
+    return [out / "pixel_self_attention.png"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["text", "heads", "pixel"])
+    p.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
+    p.add_argument("--word", default=None, help="the word to follow (default: the first shape word)")
+    p.add_argument("--x", type=int, default=None, help="pixel column for 'pixel' (default: a quarter across)")
+    p.add_argument("--y", type=int, default=None, help="pixel row for 'pixel' (default: half way down)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
+    p.add_argument("--out", default="outputs/explain")
+    args = p.parse_args(argv)
+    try:
+        paths = run(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+import numpy as np
+import pytest
+import torch
+
+from crossattn.metrics import iou, mass, pointing, score_maps
+from unet.data import SceneSampler, render
+from unet.detect import Detection, detect, relative_position
+from unet.evaluate import EvalPrompt, check, eval_prompts, word_objects
+
+
+def test_detector_on_known_scenes():
+    sampler = SceneSampler(seed=7, split="all")
+    hits = total = 0
+    for _ in range(300):
+        scene = sampler()
+        found = detect(scene.image)
+        for obj in scene.objects:
+            total += 1
+            hits += any(d.color == obj.color and d.shape == obj.shape and (d.mask & obj.mask).sum() > obj.mask.sum() / 2
+                        for d in found)
+    assert hits / total >= 0.99
+
+
+def test_detector_rejects_bad_shape():
+    with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
+        detect(np.zeros((8, 8)))
+
+
+def det(x, y, size=4):
+    h = size / 2
+    return Detection("red", "circle", (x, y), (int(x - h), int(y - h), int(x + h), int(y + h)), np.zeros((1, 1), bool))
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    ((5, 16), (25, 16), {"left of"}),
+    ((25, 16), (5, 16), {"right of"}),
+    ((16, 4), (16, 26), {"above"}),
+    ((16, 26), (16, 4), {"below"}),
+    ((16, 16), (16.5, 16.2), set()),  # centres closer than 0.1 x summed sizes: a tie, no relation
+    ((5, 5), (25, 25), {"left of", "above"}),  # diagonal: both directions hold
+])
+def test_position_rule(a, b, expected):
+    assert relative_position(det(*a), det(*b)) == expected
+
+
+def test_prompt_check_needs_every_clause():
+    image, _ = render([("red", "circle", 8, 16, 10), ("blue", "square", 24, 16, 10)])
+    found = detect(image)
+    assert check(EvalPrompt("position", "a circle left of a square", [(None, "circle"), (None, "square")],
+                            "left of"), found)[0]
+    assert not check(EvalPrompt("position", "a circle right of a square", [(None, "circle"), (None, "square")],
+                                "right of"), found)[0]
+    assert check(EvalPrompt("color_attr", "", [("red", "circle"), ("blue", "square")]), found)[0]
+    assert not check(EvalPrompt("color_attr", "", [("blue", "circle"), ("red", "square")]), found)[0]
+
+
+def test_eval_prompts_and_word_objects():
+    prompts = eval_prompts()
+    assert {p.task for p in prompts} == {"single_object", "two_object", "colors", "position", "color_attr"}
+    assert word_objects("a red circle and a blue square") == {1: 0, 2: 0, 5: 1, 6: 1}
+    assert word_objects("a circle above a square") == {1: 0, 4: 1}
+
+
+def test_iou_pointing_mass_known_answers():
+    mask = torch.zeros(8, 8, dtype=torch.bool)
+    mask[:4, :4] = True
+    perfect = mask.float()
+    assert iou(perfect, mask, 0.5) == 1.0 and pointing(perfect, mask) == 1.0 and mass(perfect, mask) == 1.0
+    half = torch.zeros(8, 8)
+    half[:4, :8] = 1.0  # covers the mask and as much again
+    assert iou(half, mask, 0.5) == pytest.approx(0.5) and mass(half, mask) == pytest.approx(0.5)
+    uniform = torch.ones(8, 8)
+    assert pointing(uniform, mask) == pytest.approx(16 / 64)  # ties: a random guess
+    wrong = torch.zeros(8, 8)
+    wrong[7, 7] = 1.0
+    assert pointing(wrong, mask) == 0.0 and iou(wrong, mask, 0.5) == 0.0
+    scores = score_maps([(perfect, mask), (wrong, mask)], 0.5)
+    assert scores["miou"] == pytest.approx(0.5) and scores["pointing"] == pytest.approx(0.5) and scores["n"] == 2
+    assert set(scores["sweep"]) == {"0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8"}

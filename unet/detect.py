@@ -1,0 +1,89 @@
+"""Find the objects in a scene image: colour by nearest palette entry, connected components, shape
+from how the object fills its box.
+
+Fill of the bounding box tells the shapes apart: a square fills ~1, a circle ~pi/4, a triangle ~1/2;
+a triangle is also much wider at the bottom than at the top, which separates it from a small
+circle when anti-aliasing blurs the fill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import ndimage
+
+from .data import COLORS
+
+PALETTE = np.array(list(COLORS.values()), np.float32)  # (colors, 3)
+NAMES = list(COLORS)
+
+
+@dataclass
+class Detection:
+    color: str
+    shape: str
+    center: tuple[float, float]  # (x, y), pixels
+    box: tuple[int, int, int, int]  # (x0, y0, x1, y1), x1/y1 exclusive
+    mask: np.ndarray = field(repr=False)  # (H, W) bool
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.box[2] - self.box[0], self.box[3] - self.box[1]
+
+
+def classify_shape(mask: np.ndarray) -> str:
+    ys, xs = np.nonzero(mask)
+    y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+    crop = mask[y0:y1, x0:x1]
+    fill = crop.mean()
+    h = crop.shape[0]
+    top, bottom = crop[: max(1, h // 3)].sum(), crop[h - max(1, h // 3):].sum()
+    if bottom > 1.8 * max(top, 1) or fill < 0.6:
+        return "triangle"
+    return "square" if fill > 0.88 else "circle"
+
+
+def detect(image: np.ndarray, min_pixels: int = 4, brightness: float = 60.0) -> list[Detection]:
+    """Objects in an (H, W, 3) uint8 image (or float in [0, 1]), largest first."""
+    image = np.asarray(image)
+    if image.dtype != np.uint8:
+        image = (np.clip(image, 0, 1) * 255).round()
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"image must be (H, W, 3), got {image.shape}")
+    pixels = image.astype(np.float32)
+    foreground = pixels.max(axis=2) > brightness
+    nearest = np.linalg.norm(pixels[:, :, None, :] - PALETTE[None, None], axis=-1).argmin(axis=2)  # (H, W)
+    found = []
+    for c, name in enumerate(NAMES):
+        labels, n = ndimage.label(foreground & (nearest == c))
+        for k in range(1, n + 1):
+            mask = labels == k
+            if mask.sum() < min_pixels:
+                continue
+            ys, xs = np.nonzero(mask)
+            box = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+            found.append(Detection(name, classify_shape(mask), ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2),
+                                   box, mask))
+    return sorted(found, key=lambda d: -d.mask.sum())
+
+
+def relative_position(a: Detection, b: Detection, threshold: float = 0.1) -> set[str]:
+    """GenEval's rule: where `a` lies relative to `b`. The centre offset, less `threshold` times the
+    summed box sizes on each axis, must remain; then the direction of the offset decides."""
+    offset = np.subtract(a.center, b.center, dtype=np.float64)
+    dims = np.add(a.size, b.size, dtype=np.float64)
+    revised = np.maximum(np.abs(offset) - threshold * dims, 0) * np.sign(offset)
+    if np.all(np.abs(revised) < 1e-3):
+        return set()
+    dx, dy = revised / np.linalg.norm(offset)
+    relations = set()
+    if dx < -0.5:
+        relations.add("left of")
+    if dx > 0.5:
+        relations.add("right of")
+    if dy < -0.5:
+        relations.add("above")
+    if dy > 0.5:
+        relations.add("below")
+    return relations

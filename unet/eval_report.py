@@ -1,0 +1,111 @@
+"""Write the evaluation: report.json, report.md (the table the README shows) and figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from crossattn.overlay import ALPHA, CMAP
+
+from .evaluate import BASELINES, TASKS, method_maps
+
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def markdown(report: dict, title: str) -> str:
+    pf, s = report["prompt_following"], report["settings"]
+    lines = [f"# {title}", "",
+             f"{s['prompts']} prompts × {s['seeds']} seeds, {s['steps']} DDIM steps, guidance {s['guidance']}"
+             f"{' (quick mode)' if s['quick'] else ''}. Maps chosen on a separate split of "
+             f"{s['selection_seeds']} other seeds per prompt.", "",
+             "## Prompt following (GenEval rules, our detector)", "",
+             "| task | accuracy | images |", "|---|---|---|"]
+    lines += [f"| {t} | {_fmt(pf[t])} | {pf['n_images'][t]} |" for t in TASKS]
+    lines += [f"| **overall** (mean of tasks) | **{_fmt(pf['overall'])}** | {sum(pf['n_images'].values())} |", ""]
+    for key, base_key, heading in (("maps", "baselines", "generated images (masks from the detector)"),
+                                   ("maps_dataset", "baselines_dataset",
+                                    f"dataset images denoised one step from t={report['maps_dataset']['timestep']} "
+                                    "(exact masks)")):
+        lines += [f"## Map accuracy on {heading}", "",
+                  "| method | shape mIoU | shape pointing | shape mass | colour mIoU | colour pointing | colour mass "
+                  "| threshold | words (shape/colour) |", "|---|---|---|---|---|---|---|---|---|"]
+        rows = [("ours: " + report["maps"]["aggregation"], report[key])] + [(b, report[base_key][b]) for b in BASELINES]
+        for name, r in rows:
+            sh, co = r["shape_words"], r["color_words"]
+            lines.append(f"| {name} | {_fmt(sh['miou'])} | {_fmt(sh['pointing'])} | {_fmt(sh['mass'])} | "
+                         f"{_fmt(co['miou'])} | {_fmt(co['pointing'])} | {_fmt(co['mass'])} | {r['threshold']} | "
+                         f"{sh['n']}/{co['n']} |")
+        lines.append("")
+    sweep = report["maps"]["shape_words"]["sweep"]
+    lines += ["## Threshold sweep (ours, shape words, generated images; fraction of each map's maximum)", "",
+              "| " + " | ".join(sweep) + " |", "|" + "---|" * len(sweep),
+              "| " + " | ".join(_fmt(v) for v in sweep.values()) + " |", ""]
+    return "\n".join(lines)
+
+
+def bar_chart(report: dict, path: Path) -> None:
+    pf = report["prompt_following"]
+    fig = Figure(figsize=(9, 3.4), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(1, 2)
+    names = list(TASKS) + ["overall"]
+    ax1.bar(names, [pf[t] or 0 for t in names], color=["C0"] * len(TASKS) + ["C3"])
+    ax1.set_ylim(0, 1)
+    ax1.set_title("prompt following")
+    ax1.tick_params(axis="x", rotation=30)
+    methods = ["ours"] + list(BASELINES)
+    values = [report["maps"]["shape_words"]] + [report["baselines"][b]["shape_words"] for b in BASELINES]
+    x = np.arange(len(methods))
+    ax2.bar(x - 0.2, [v["miou"] or 0 for v in values], 0.4, label="mIoU")
+    ax2.bar(x + 0.2, [v["pointing"] or 0 for v in values], 0.4, label="pointing")
+    ax2.set_xticks(x, methods)
+    ax2.set_ylim(0, 1)
+    ax2.set_title("shape-word maps (generated images)")
+    ax2.legend()
+    fig.savefig(path)
+
+
+def examples(records, batches, selection, path: Path, per_kind: int = 4) -> None:
+    """Hits and misses: each image with the map of its first object word, under our aggregation."""
+    hits = [r for r in records if r["ok"] and r.get("words")][:per_kind]
+    misses = [r for r in records if not r["ok"]][:per_kind]
+    rows = hits + misses
+    if not rows:
+        return
+    fig = Figure(figsize=(2.0 * len(rows), 4.6), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, len(rows), squeeze=False)
+    cache = {}
+    for col, r in enumerate(rows):
+        image = r["image"]
+        axes[0, col].imshow(image, interpolation="nearest")
+        axes[0, col].set_title(("✓ " if r["ok"] else "✗ ") + r["prompt"], fontsize=7, wrap=True)
+        axes[0, col].set_axis_off()
+        axes[1, col].imshow(image, interpolation="nearest")
+        axes[1, col].set_axis_off()
+        if r.get("words"):
+            if r["batch"] not in cache:
+                cache[r["batch"]] = method_maps("ours", batches[r["batch"]].store, image.shape[:2], selection)
+            word, tokens, _ = r["words"][-1]
+            heat = cache[r["batch"]][r["index"], tokens].sum(0).numpy()
+            axes[1, col].imshow(heat, cmap=CMAP, alpha=ALPHA, interpolation="bilinear")
+            axes[1, col].set_title(f"map of '{word}'", fontsize=8)
+        else:
+            axes[1, col].set_title("(no object found)", fontsize=8)
+    fig.savefig(path)
+
+
+def write(report: dict, records, batches, selection, folder: Path, title: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps(report, indent=1))
+    (folder / "report.md").write_text(markdown(report, title) + "\n![tasks and maps](tasks.png)\n\n"
+                                      "![hits and misses](examples.png)\n")
+    bar_chart(report, folder / "tasks.png")
+    examples(records, batches, selection, folder / "examples.png")
+    return folder
