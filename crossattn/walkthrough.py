@@ -24,7 +24,8 @@ class Walkthrough:
     weights: torch.Tensor  # (T, T) softmax rows
     context: torch.Tensor  # (T, 4) weighted sums of Values
     block_context: torch.Tensor  # (T, 4) the same, computed by crossattn.attention inside the block
-    block_output: torch.Tensor  # (T, dim) what CrossAttention returns (context through its output layer)
+    block_output: torch.Tensor  # (T, dim) what CrossAttention returns
+    projected: torch.Tensor  # (T, dim) our context vectors through the block's output layer
 
 
 def walk(tokens: int = 32, dim: int = 16, value_width: int = 4, seed: int = 0) -> Walkthrough:
@@ -42,7 +43,8 @@ def walk(tokens: int = 32, dim: int = 16, value_width: int = 4, seed: int = 0) -
         context = weights @ v  # step 4: weighted sum of Values, (T, 4)
         block_context, _ = attention(x[None], x[None], block.to_q, block.to_k, block.to_v, heads=1)
         block_output = block(x[None])[0]
-    return Walkthrough(x, q, k, v, scores, weights, context, block_context[0], block_output)
+        projected = block.to_out[0](context)
+    return Walkthrough(x, q, k, v, scores, weights, context, block_context[0], block_output, projected)
 
 
 def describe(w: Walkthrough, token: int = 0) -> list[str]:
@@ -63,6 +65,8 @@ def describe(w: Walkthrough, token: int = 0) -> list[str]:
         f"on token {T - 1}: {row[T - 1].item():.4f}",
         f"context vector of token {token}: [{', '.join(f'{c:.4f}' for c in w.context[token].tolist())}]",
         f"same as crossattn.CrossAttention's attention: {torch.allclose(w.context, w.block_context, atol=1e-6)}",
+        f"CrossAttention's output = its output layer applied to these context vectors: "
+        f"{torch.allclose(w.block_output, w.projected, atol=1e-5)}",
     ]
     return lines
 

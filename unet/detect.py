@@ -16,6 +16,8 @@ from scipy import ndimage
 from .data import COLORS
 
 PALETTE = np.array(list(COLORS.values()), np.float32)  # (colors, 3)
+# Compare hue, not brightness: a dim yellow edge pixel is nearer green than yellow in plain RGB.
+CHROMA = PALETTE / PALETTE.max(axis=1, keepdims=True)
 NAMES = list(COLORS)
 
 
@@ -53,7 +55,8 @@ def detect(image: np.ndarray, min_pixels: int = 4, brightness: float = 60.0) -> 
         raise ValueError(f"image must be (H, W, 3), got {image.shape}")
     pixels = image.astype(np.float32)
     foreground = pixels.max(axis=2) > brightness
-    nearest = np.linalg.norm(pixels[:, :, None, :] - PALETTE[None, None], axis=-1).argmin(axis=2)  # (H, W)
+    chroma = pixels / np.maximum(pixels.max(axis=2, keepdims=True), 1)
+    nearest = np.linalg.norm(chroma[:, :, None, :] - CHROMA[None, None], axis=-1).argmin(axis=2)  # (H, W)
     found = []
     for c, name in enumerate(NAMES):
         labels, n = ndimage.label(foreground & (nearest == c))

@@ -274,6 +274,7 @@ class Trainer:
             log.close()
         if self.accelerator.is_main_process:
             self.save_pipeline(self.out / "pipeline")
+            plot_loss(self.out / "loss.csv", self.out / "loss_curve.png")
         return losses
 
     def save_pipeline(self, folder: Path):
@@ -281,3 +282,25 @@ class Trainer:
         self.pipeline().save_pretrained(folder)
         words = sorted({w for caption in self.dataset.captions for w in caption.split()})
         (folder / "trained_words.json").write_text(json.dumps(words))
+
+
+def plot_loss(csv_path: Path, png_path: Path, smooth: int = 50) -> None:
+    """The training loss (raw and a running mean) against step, from the run's loss.csv."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [r for r in csv.reader(open(csv_path)) if r]
+    steps = [int(r[0]) for r in rows]
+    losses = torch.tensor([float(r[1]) for r in rows])
+    k = max(1, min(smooth, len(losses)))
+    running = torch.nn.functional.avg_pool1d(losses[None, None], k, stride=1)[0, 0]
+    fig = Figure(figsize=(6, 3.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(steps, losses.numpy(), alpha=0.3, lw=0.7, label="loss")
+    ax.plot(steps[k - 1:], running.numpy(), lw=1.5, label=f"mean of {k}")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("Min-SNR-weighted MSE")
+    ax.legend()
+    fig.savefig(png_path)
