@@ -101,14 +101,20 @@ def method_maps(name: str, store: AttentionStore, size, select: dict | None = No
 
 
 def candidate_selections(store: AttentionStore) -> dict[str, dict]:
-    """Aggregations to choose 'ours' from: resolution groups x timestep ranges."""
-    heights = sorted({store.layer_shapes[n][0] for n in store.layers if store.is_cross[n]}, reverse=True)
-    groups = [[h] for h in heights] + ([heights] if len(heights) > 1 else [])
-    if len(heights) > 2:
-        groups.append(heights[:2])
-    ranges = [None, (0, 499), (500, 999), (0, 299), (300, 699)]
-    return {f"res={'+'.join(map(str, g))} t={r[0]}-{r[1] if r else ''}" if r else f"res={'+'.join(map(str, g))} t=all":
-            {"resolutions": g, "timesteps": r} for g in groups for r in ranges}
+    """Aggregations to choose 'ours' from: layer groups (by resolution, by U-Net path, single layers)
+    crossed with timestep ranges."""
+    names = sorted(n for n in store.layers if store.is_cross[n])
+    heights = sorted({store.layer_shapes[n][0] for n in names}, reverse=True)
+    groups = {f"res={h}": {"resolutions": [h]} for h in heights}
+    if len(heights) > 1:
+        groups[f"res={'+'.join(map(str, heights[:2]))}"] = {"resolutions": heights[:2]}
+    for path in ("down", "up"):
+        chosen = [n for n in names if n.startswith(path)]
+        if chosen:
+            groups[f"{path} path"] = {"layers": chosen}
+    groups.update({f"layer {n}": {"layers": [n]} for n in names})
+    ranges = {"t=all": None, "t=0-499": (0, 499), "t=500-999": (500, 999), "t=0-299": (0, 299), "t=300-699": (300, 699)}
+    return {f"{g} {r}": {**select, "timesteps": t} for g, select in groups.items() for r, t in ranges.items()}
 
 
 def _pairs_for(maps: torch.Tensor, entries) -> dict[str, list]:
@@ -250,7 +256,7 @@ def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float = 4.0,
     generated = map_scores(batches, size, methods)
     data_batch = dataset_batch(pipe, dataset_images, dataset_timestep)
     # one denoising step: the timestep filter of 'ours' does not apply; keep its layer choice
-    data_methods = dict(methods, ours=({"resolutions": selection.get("resolutions")}, threshold))
+    data_methods = dict(methods, ours=({k: v for k, v in selection.items() if k != "timesteps"}, threshold))
     on_dataset = map_scores([data_batch], size, data_methods)
     report = {
         "prompt_following": prompt_following(records),

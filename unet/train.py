@@ -52,6 +52,7 @@ class TrainConfig:
     sample_every: int = 500
     checkpoint_every: int = 250
     resume: bool = False
+    max_minutes: float = 0.0  # stop cleanly (checkpoint + pipeline) after this much wall time; 0 = no limit
     clip: str | None = None  # a local CLIP folder (tokenizer + text encoder), kept frozen
     max_length: int = 32
     channels: tuple = (32, 64, 128)
@@ -119,7 +120,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if cfg.resume:
             saved = json.loads((self.out / "train_config.json").read_text())
-            saved.update(steps=cfg.steps, resume=True)  # a resumed run may extend its step count
+            saved.update(steps=cfg.steps, resume=True, max_minutes=cfg.max_minutes)  # a resumed run may go longer
             self.cfg = cfg = TrainConfig(**saved)
         elif self.accelerator.is_main_process:
             (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
@@ -263,8 +264,15 @@ class Trainer:
                 bar.update(1)
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                     self.save_checkpoint()
-                if self.accelerator.is_main_process and (self.step % cfg.sample_every == 0 or self.step == cfg.steps):
+                out_of_time = cfg.max_minutes > 0 and time.time() - t0 > 60 * cfg.max_minutes
+                if out_of_time and self.step % cfg.checkpoint_every:
+                    self.save_checkpoint()
+                if self.accelerator.is_main_process and (self.step % cfg.sample_every == 0 or self.step == cfg.steps
+                                                         or out_of_time):
                     self.save_samples(self.out / "samples" / f"step_{self.step:06d}.png")
+                if out_of_time:
+                    bar.write(f"--max-minutes {cfg.max_minutes} reached at step {self.step}; --resume continues")
+                    break
         except KeyboardInterrupt:
             self.save_checkpoint()
             bar.write(f"interrupted: checkpoint saved at step {self.step} in {self.ckpt_path}; --resume continues")
