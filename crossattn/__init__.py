@@ -3,4 +3,4 @@
 from .attention import CrossAttention, attention
 from .blocks import GEGLU, SpatialTransformer, TransformerBlock
 
-__all__ = ["CrossAttention", "attention", "GEGLU", "SpatialTransformer", "TransformerBlock"]
+__all__ = ["GEGLU", "CrossAttention", "SpatialTransformer", "TransformerBlock", "attention"]

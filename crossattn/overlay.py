@@ -45,7 +45,8 @@ def _draw(ax, image, heat, vmin, vmax, title, cmap, alpha):
 
 
 def overlay_grid(image, maps, words: list[str], path: str | Path, title: str | None = None,
-                 vmax: float | None = None, cmap: str = CMAP, alpha: float = ALPHA, panel_inches: float = 2.0, max_columns: int = 6) -> Path:
+                 vmax: float | None = None, cmap: str = CMAP, alpha: float = ALPHA, panel_inches: float = 2.0,
+                 max_columns: int = 6) -> Path:
     """Save the image and one heat-map panel per word, with a shared colour bar, as a PNG."""
     image, maps = _as_image(image), _as_maps(maps)
     if len(maps) != len(words):

@@ -33,7 +33,8 @@ def table(r: dict) -> str:
         lines.append(f"| store bytes after {steps} steps (every-step storage) | {v['store_bytes']:,} "
                      f"({v['every_step_bytes']:,}) | constant |")
     for bs, v in r["sampling_images_per_s"].items():
-        lines.append(f"| sampling images/s, batch {bs}, {r['settings']['sampling_steps']} steps, guidance | {v:.2f} | |")
+        steps = r["settings"]["sampling_steps"]
+        lines.append(f"| sampling images/s, batch {bs}, {steps} steps, guidance | {v:.2f} | |")
     lines.append(f"| 8 images sampled in | {r['sampling']['8']['seconds']:.2f} s | ≤ 10 s (25 steps) |")
     lines.append(f"| training images/s | {r['training_images_per_s']:.1f} | |")
     lines.append(f"| U-Net forward GFLOP/image | {r['unet_gflop_per_image_forward']:.3f} | |")

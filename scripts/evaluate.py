@@ -24,7 +24,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=None, help="images per prompt (default 8, quick 2)")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--guidance", type=float, default=4.0)
-    p.add_argument("--dataset-images", type=int, default=None, help="dataset scenes for exact-mask maps (default 128, quick 32)")
+    p.add_argument("--dataset-images", type=int, default=None,
+                   help="dataset scenes for exact-mask maps (default 128, quick 32)")
     p.add_argument("--dataset-timestep", type=int, default=300)
     p.add_argument("--quick", action="store_true", help="3 prompts per task, fewer seeds")
     p.add_argument("--quiet", action="store_true")

@@ -11,14 +11,15 @@ import sys
 from dataclasses import fields
 
 from unet.data import SceneDataset
-from unet.train import Trainer, TrainConfig
+from unet.train import TrainConfig, Trainer
 
 
 def parse_args(argv=None):
     defaults = TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=defaults.out, help="run folder: checkpoint, samples, loss log, final pipeline")
-    p.add_argument("--data", default=None, help="dataset folder written by --make-data (default: draw scenes in memory)")
+    p.add_argument("--data", default=None,
+                   help="dataset folder written by --make-data (default: draw scenes in memory)")
     p.add_argument("--make-data", metavar="DIR", help="only write --num-samples scenes to DIR and exit")
     p.add_argument("--clip", default=None, help="local CLIP folder (tokenizer + text encoder) to use frozen")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")

@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 import torch
 from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
 from safetensors.torch import load_file
@@ -20,7 +19,8 @@ def tiny_sd_pipeline():
         block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
         cross_attention_dim=16, attention_head_dim=4, norm_num_groups=4)
-    vae = AutoencoderKL(block_out_channels=(8,), in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
+    vae = AutoencoderKL(block_out_channels=(8,), in_channels=3, out_channels=3,
+                        down_block_types=("DownEncoderBlock2D",),
                         up_block_types=("UpDecoderBlock2D",), latent_channels=4, norm_num_groups=4, sample_size=16)
     vocab, merges = build_vocabulary(["a", "red", "cat", "on", "the", "mat"])
     tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=12)

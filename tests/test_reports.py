@@ -8,10 +8,10 @@ from pathlib import Path
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import benchmark  # noqa: E402
-import evaluate  # noqa: E402
+import benchmark
+import evaluate
 
-from unet.evaluate import BASELINES, TASKS  # noqa: E402
+from unet.evaluate import BASELINES, TASKS
 
 
 def test_quick_evaluation_writes_well_formed_report(tiny_pipeline_dir, tmp_path):

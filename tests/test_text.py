@@ -4,8 +4,15 @@ import pytest
 import torch
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-from crossattn.text import (build_vocabulary, dropped_words, load_text_encoder, load_tokenizer, new_text_encoder,
-                            prompt_words, save_vocabulary)
+from crossattn.text import (
+    build_vocabulary,
+    dropped_words,
+    load_text_encoder,
+    load_tokenizer,
+    new_text_encoder,
+    prompt_words,
+    save_vocabulary,
+)
 from unet.data import SCENE_WORDS
 
 

@@ -5,7 +5,7 @@ from conftest import tiny_config
 
 from unet import ScenePipeline, UNet, make_scheduler
 from unet.data import COLORS, HELD_OUT_PAIRS, SHAPES, SceneDataset, SceneSampler
-from unet.detect import relative_position, detect
+from unet.detect import detect, relative_position
 from unet.train import Trainer
 
 

@@ -10,8 +10,8 @@ from crossattn.capture import AttentionStore
 from crossattn.walkthrough import describe, walk
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import attention_walkthrough  # noqa: E402
-import explain as explain_script  # noqa: E402
+import attention_walkthrough
+import explain as explain_script
 
 
 def test_four_steps_numbers():

@@ -7,4 +7,4 @@ The pipeline's `model_index.json` names `unet.model.UNet`; importing it here let
 from .model import UNet
 from .pipeline import PRETRAINED, ScenePipeline, make_scheduler
 
-__all__ = ["UNet", "ScenePipeline", "make_scheduler", "PRETRAINED"]
+__all__ = ["PRETRAINED", "ScenePipeline", "UNet", "make_scheduler"]

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from crossattn.capture import AttentionStore
 from crossattn.maps import token_maps

@@ -153,7 +153,8 @@ class Trainer:
         # each process takes its own slice of the global batch
         idx = idx[self.accelerator.process_index::self.accelerator.num_processes]
         images = self.dataset.images[idx].float() / 127.5 - 1
-        drop = torch.rand(len(idx), generator=torch.Generator().manual_seed(self.cfg.seed + step)) < self.cfg.caption_dropout
+        coin = torch.rand(len(idx), generator=torch.Generator().manual_seed(self.cfg.seed + step))
+        drop = coin < self.cfg.caption_dropout
         captions = ["" if d else self.dataset.captions[j] for d, j in zip(drop.tolist(), idx.tolist())]
         return images, captions
 
@@ -239,7 +240,7 @@ class Trainer:
         """Run to `cfg.steps`; returns the losses of this call. Ctrl-C saves a checkpoint first."""
         cfg = self.cfg
         (self.out / "samples").mkdir(exist_ok=True)
-        log = open(self.out / "loss.csv", "a", newline="")
+        log = open(self.out / "loss.csv", "a", newline="")  # noqa: SIM115 -- closed in the finally below
         writer = csv.writer(log)
         losses = []
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress or not self.accelerator.is_main_process,
@@ -297,7 +298,8 @@ def plot_loss(csv_path: Path, png_path: Path, smooth: int = 50) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    rows = [r for r in csv.reader(open(csv_path)) if r]
+    with open(csv_path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
     steps = [int(r[0]) for r in rows]
     losses = torch.tensor([float(r[1]) for r in rows])
     k = max(1, min(smooth, len(losses)))
