@@ -134,3 +134,19 @@ def test_train_script_exit_code_2(tmp_path, capsys):
     import train
     assert train.main(["--out", str(tmp_path / "r"), "--steps", "-1"]) == 2
     assert "steps must be a positive integer" in capsys.readouterr().err
+
+
+def test_frozen_local_clip_text_encoder(tmp_path):
+    """--clip PATH: a CLIP folder on disk is used as it is and stays frozen."""
+    from crossattn.text import new_text_encoder, save_vocabulary
+    from unet.data import SCENE_WORDS
+    clip = tmp_path / "clip"
+    tokenizer = save_vocabulary(SCENE_WORDS, clip, max_length=16)
+    encoder = new_text_encoder(tokenizer, hidden_size=16, layers=1, heads=2, intermediate_size=32)
+    encoder.save_pretrained(clip)
+    before = {k: v.clone() for k, v in encoder.state_dict().items()}
+    trainer = Trainer(tiny_config(tmp_path / "run", steps=3, clip=str(clip)))
+    trainer.train(progress=False)
+    after = trainer.accelerator.unwrap_model(trainer.text_encoder).state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert trainer.unet.config.context_dim == 16

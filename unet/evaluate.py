@@ -22,6 +22,7 @@ from crossattn.text import prompt_words
 
 from .data import COLORS, HELD_OUT_PAIRS, RELATIONS, SHAPES, SceneSampler
 from .detect import Detection, detect, relative_position
+from .train import noise_scheduler
 
 TASKS = ("single_object", "two_object", "colors", "position", "color_attr")
 BASELINES = ("uniform", "centre", "random_layer", "daam")
@@ -164,7 +165,6 @@ def dataset_batch(pipe, n: int, timestep: int, seed: int = 123) -> Batch:
     sampler = SceneSampler(seed, pipe.unet.config.sample_size, pipe.unet.config.sample_size, split="eval")
     scenes = [sampler() for _ in range(n)]
     x0 = torch.from_numpy(np.stack([s.image for s in scenes])).permute(0, 3, 1, 2).float() / 127.5 - 1
-    from .train import noise_scheduler
     sched = noise_scheduler()
     t = torch.full((n,), timestep)
     noisy = sched.add_noise(x0, torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed)), t)

@@ -126,10 +126,9 @@ def _new_folder(out: Path, name: str, overwrite: bool) -> Path:
 
 
 def _versions() -> dict:
-    import diffusers
-    import transformers
-    return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
-            "transformers": transformers.__version__, "crossattn": "0.1.0", "machine": platform.machine()}
+    from importlib.metadata import version
+    return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": version("diffusers"),
+            "transformers": version("transformers"), "crossattn": version("crossattn"), "machine": platform.machine()}
 
 
 def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_name: str,
