@@ -11,7 +11,6 @@ pixel: for one pixel, its self-attention map over the image in each self-attenti
 """
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 from crossattn import explain
 from crossattn.capture import AttentionStore
 from crossattn.text import prompt_words
-from unet.generate import UsageError, load_pipeline
+from unet.generate import UsageError, load_pipeline, unseen_words
 
 DEFAULT_PROMPT = "a red circle left of a blue square"
 
@@ -38,9 +37,8 @@ def run(args) -> list[Path]:
     if args.what == "text":
         tokens, weights = explain.text_attention(pipe.tokenizer, pipe.text_encoder, prompt)
         row = explain.look_back(pipe.tokenizer, weights, prompt, word)
-        unseen = ([w for w in words if re.sub(r"\W", "", w.lower()) not in pipe.trained_words]
-                  if pipe.trained_words is not None else [])
-        explain.text_figure(tokens, weights, prompt, word, row, unseen, out / "text_attention.png")
+        explain.text_figure(tokens, weights, prompt, word, row, unseen_words(pipe, words),
+                            out / "text_attention.png")
         explain.positions_figure(pipe.text_encoder, out / "positions.png")
         top = [(tokens[i], round(v, 3)) for i, v in sorted(enumerate(row[-1].tolist()), key=lambda t: -t[1])[:3]]
         print(f"'{word}' looks back most to (last layer): {top}")

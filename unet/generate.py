@@ -90,6 +90,13 @@ class Settings:
     truncate: bool = False
 
 
+def unseen_words(pipe, words: list[str]) -> list[str]:
+    """The words no training caption used ([] when the model does not say what it was trained on)."""
+    if pipe.trained_words is None:
+        return []
+    return [w for w in words if re.sub(r"\W", "", w.lower()) not in pipe.trained_words]
+
+
 def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None) -> list[str]:
     """Validate one prompt; returns warnings. Raises UsageError naming the problem."""
     if not prompt.strip():
@@ -103,11 +110,10 @@ def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None)
     if missing:
         raise UsageError(f"--words {missing} not in the prompt; its words are: {prompt_list}")
     notes = []
-    if pipe.trained_words is not None:
-        unseen = [w for w in prompt_list if re.sub(r"\W", "", w.lower()) not in pipe.trained_words]
-        if unseen:
-            notes.append(f"the model never saw these words in training: {unseen}; their maps show what an "
-                         "untrained embedding attracts")
+    unseen = unseen_words(pipe, prompt_list)
+    if unseen:
+        notes.append(f"the model never saw these words in training: {unseen}; their maps show what an "
+                     "untrained embedding attracts")
     return notes
 
 
