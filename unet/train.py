@@ -120,7 +120,8 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if cfg.resume:
             saved = json.loads((self.out / "train_config.json").read_text())
-            saved.update(steps=cfg.steps, resume=True, max_minutes=cfg.max_minutes)  # a resumed run may go longer
+            # a resumed run may go longer, or continue a copied run folder
+            saved.update(out=cfg.out, steps=cfg.steps, resume=True, max_minutes=cfg.max_minutes)
             self.cfg = cfg = TrainConfig(**saved)
         elif self.accelerator.is_main_process:
             (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
