@@ -85,8 +85,8 @@ def centre_prior(B: int, T: int, size: tuple[int, int]) -> torch.Tensor:
 
 def method_maps(name: str, store: AttentionStore, size, select: dict | None = None, seed: int = 0) -> torch.Tensor:
     layers = [n for n in store.layers if store.is_cross[n]]
-    some = store.mean(layers[0])  # (B, N, T)
-    B, T = some.shape[0], some.shape[2]
+    recorded = next(s for (layer, _), s in store.sums.items() if layer == layers[0])  # (B, heads, N, T)
+    B, T = recorded.shape[0], recorded.shape[-1]
     if name == "uniform":
         return torch.ones(B, T, *size)
     if name == "centre":
