@@ -27,6 +27,10 @@ def parse_args(argv=None):
     for f in fields(TrainConfig):
         if f.name in ("out", "data", "clip", "resume", "sample_prompts") or isinstance(f.default, tuple):
             continue
+        if isinstance(f.default, bool):
+            p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=f.default,
+                           help=f"(default: {f.default})")
+            continue
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                        help=f"(default: {f.default})")
     p.add_argument("--channels", type=int, nargs="+", default=list(defaults.channels), help="width per level")
@@ -37,6 +41,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if args.make_data:
+            if args.num_samples <= 0:
+                raise ValueError("--make-data needs --num-samples N > 0")
             SceneDataset.generate(args.num_samples, args.seed, args.size, args.size).save(args.make_data)
             print(f"wrote {args.num_samples} scenes to {args.make_data}")
             return 0

@@ -83,12 +83,12 @@ class ScenePipeline(DiffusionPipeline):
         for t in self.progress_bar(self.scheduler.timesteps) if show_progress else self.scheduler.timesteps:
             model_in = torch.cat([x, x]) if guided else x
             model_in = self.scheduler.scale_model_input(model_in, t)
-            eps = self.unet(model_in, t, encoder_hidden_states=context)
-            eps = eps.sample if hasattr(eps, "sample") else eps
+            pred = self.unet(model_in, t, encoder_hidden_states=context)  # noise or v, as the scheduler says
+            pred = pred.sample if hasattr(pred, "sample") else pred
             if guided:
-                eps_uncond, eps_cond = eps.chunk(2)
-                eps = eps_uncond + guidance_scale * (eps_cond - eps_uncond)
-            x = self.scheduler.step(eps, t, x, generator=generator).prev_sample
+                pred_uncond, pred_cond = pred.chunk(2)
+                pred = pred_uncond + guidance_scale * (pred_cond - pred_uncond)
+            x = self.scheduler.step(pred, t, x, generator=generator).prev_sample
 
         images = (x / 2 + 0.5).clamp(0, 1)  # (B, C, H, W) in [0, 1]
         if output_type == "pt":

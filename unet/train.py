@@ -1,4 +1,4 @@
-"""Training from scratch: DDPM noise prediction on captioned scenes, with HF accelerate.
+"""Training from scratch: diffusion on captioned scenes (v-prediction, zero terminal SNR), with HF accelerate.
 
 The same code runs under plain `python` on a CPU and under `accelerate launch` on many GPUs.
 One checkpoint file (`checkpoint.safetensors`) holds everything `--resume` needs -- weights, EMA,
@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -27,7 +28,7 @@ from tqdm.auto import tqdm
 
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
-from .data import SCENE_WORDS, SceneDataset
+from .data import SCENE_WORDS, SceneDataset, SceneSampler
 from .model import UNet
 from .pipeline import ScenePipeline, make_scheduler
 
@@ -35,19 +36,23 @@ from .pipeline import ScenePipeline, make_scheduler
 @dataclass
 class TrainConfig:
     out: str = "runs/scenes-32"
-    data: str | None = None  # a folder from `--make-data`; None draws `num_samples` scenes in memory
-    num_samples: int = 30000
+    data: str | None = None  # a folder from `--make-data`
+    num_samples: int = 0  # > 0: draw this many scenes once and repeat them; 0: fresh scenes every batch
     size: int = 32
     steps: int = 3500
     batch_size: int = 32
-    lr: float = 1e-3
-    min_lr: float = 1e-4
+    lr: float = 6e-4
+    lr_schedule: str = "constant"  # "constant" after warm-up (a resumed or extended run has no restart) or "cosine"
+    min_lr: float = 1e-4  # end of the cosine schedule
     warmup: int = 100
-    weight_decay: float = 0.01
+    weight_decay: float = 0.01  # on weight matrices only: never on embeddings, norms or biases
     grad_clip: float = 1.0
-    ema_decay: float = 0.995
+    ema_decay: float = 0.999  # reached after a warm-up of (1 + step) / (10 + step)
     caption_dropout: float = 0.1  # empty captions teach the unconditional model for guidance
-    min_snr_gamma: float = 5.0
+    prediction_type: str = "v_prediction"  # or "epsilon"; an epsilon model cannot predict x0 at zero SNR
+    zero_terminal_snr: bool = True  # rescale the schedule so t = T is pure noise, as sampling assumes
+    min_snr_gamma: float = 5.0  # loss weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0 = none
+    snapshot_every: int = 0  # > 0: keep the EMA pipeline every so many steps in OUT/snapshots (for scaling curves)
     seed: int = 0
     sample_every: int = 500
     checkpoint_every: int = 250
@@ -67,9 +72,18 @@ class TrainConfig:
         "a blue triangle and a red square", "a yellow square below a green circle"])
 
     def validate(self):
-        for name in ("steps", "batch_size", "num_samples", "size", "checkpoint_every", "sample_every"):
+        for name in ("steps", "batch_size", "size", "checkpoint_every", "sample_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.num_samples < 0 or self.snapshot_every < 0:
+            raise ValueError("num_samples and snapshot_every must be >= 0 (0: fresh scenes / no snapshots)")
+        if self.prediction_type not in ("epsilon", "v_prediction"):
+            raise ValueError(f"prediction_type must be 'epsilon' or 'v_prediction', got {self.prediction_type!r}")
+        if self.zero_terminal_snr and self.prediction_type == "epsilon":
+            raise ValueError("zero_terminal_snr needs prediction_type 'v_prediction': noise cannot be predicted "
+                             "from pure noise")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if self.data is not None and not Path(self.data).is_dir():
             raise FileNotFoundError(f"data folder {self.data} does not exist")
         if self.clip is not None and not Path(self.clip).is_dir():
@@ -93,16 +107,43 @@ def build_components(cfg: TrainConfig, folder: Path):
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay from lr to min_lr."""
+    """Linear warm-up, then constant or cosine decay from lr to min_lr.
+
+    A cosine schedule depends on the run's length, so extending a run with --resume restarts it high:
+    that warm restart was one cause of the colour collapse in longer training (README).
+    """
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
     progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def noise_scheduler() -> DDPMScheduler:
-    return DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", prediction_type="epsilon",
-                         clip_sample=True)
+def noise_scheduler(prediction_type: str = "v_prediction", zero_terminal_snr: bool = True) -> DDPMScheduler:
+    return DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", prediction_type=prediction_type,
+                         rescale_betas_zero_snr=zero_terminal_snr, clip_sample=True)
+
+
+def loss_weight(snr: torch.Tensor, prediction_type: str, gamma: float) -> torch.Tensor:
+    """Min-SNR weights (B,). For v, min(snr + 1, gamma) / (snr + 1): 1 at zero SNR, where layout and colour are
+    decided (diffusers' min(snr, gamma) / (snr + 1) would give that step no weight at all)."""
+    if gamma <= 0:
+        return torch.ones_like(snr)
+    if prediction_type == "v_prediction":
+        return (snr + 1).clamp(max=gamma) / (snr + 1)
+    return snr.clamp(max=gamma) / snr
+
+
+def fresh_batch(seed: int, step: int, batch_size: int, size: int) -> tuple[torch.Tensor, list[str]]:
+    """`batch_size` new scenes drawn from (seed, step): images (B, 3, H, W) uint8 and captions.
+
+    Cheap (a few ms per scene) and never repeated, and a resumed run draws exactly the batches it would have.
+    """
+    sampler = SceneSampler(seed=(seed, step), height=size, width=size, split="train")
+    scenes = [sampler() for _ in range(batch_size)]
+    images = torch.from_numpy(np.stack([s.image for s in scenes])).permute(0, 3, 1, 2).contiguous()
+    return images, [s.caption for s in scenes]
 
 
 class Trainer:
@@ -122,6 +163,10 @@ class Trainer:
             saved = json.loads((self.out / "train_config.json").read_text())
             # a resumed run may go longer, or continue a copied run folder
             saved.update(out=cfg.out, steps=cfg.steps, resume=True, max_minutes=cfg.max_minutes)
+            # runs from before v-prediction name none of these; they were trained with the old recipe
+            for key, old in (("prediction_type", "epsilon"), ("zero_terminal_snr", False), ("lr_schedule", "cosine"),
+                             ("ema_decay", 0.995), ("num_samples", 30000), ("lr", 1e-3)):
+                saved.setdefault(key, old)
             self.cfg = cfg = TrainConfig(**saved)
         elif self.accelerator.is_main_process:
             (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
@@ -130,11 +175,20 @@ class Trainer:
         self.unet.to(memory_format=torch.channels_last)  # ~20% faster convolutions on CPU (oneDNN)
         self.ema = copy.deepcopy(self.unet).requires_grad_(False)
         self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
-        self.scheduler = noise_scheduler()
+        self.scheduler = noise_scheduler(cfg.prediction_type, cfg.zero_terminal_snr)
         self.params = list(self.unet.parameters()) + [p for p in self.text_encoder.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.dataset = SceneDataset.load(cfg.data) if cfg.data else SceneDataset.generate(
-            cfg.num_samples, cfg.seed, cfg.size, cfg.size)
+        # decaying token and position embeddings toward 0 drags rarely seen words and the text encoder drifts
+        decay = [p for n, p in list(self.unet.named_parameters()) + list(self.text_encoder.named_parameters())
+                 if p.requires_grad and p.dim() >= 2 and "embedding" not in n]
+        no_decay = [p for p in self.params if all(p is not q for q in decay)]
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+        if cfg.data:
+            self.dataset = SceneDataset.load(cfg.data)
+        elif cfg.num_samples:
+            self.dataset = SceneDataset.generate(cfg.num_samples, cfg.seed, cfg.size, cfg.size)
+        else:
+            self.dataset = None  # fresh scenes every batch
         self.step = 0
         self.noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
         if cfg.resume:
@@ -146,17 +200,21 @@ class Trainer:
 
     # --- data: the batch at a step is a function of (seed, step), so a resumed run sees the same batches
     def batch(self, step: int):
-        n, bs = len(self.dataset), self.cfg.batch_size
-        per_epoch = n // bs
-        epoch, i = divmod(step, per_epoch)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.seed * 100003 + epoch))
-        idx = order[i * bs:(i + 1) * bs]
+        cfg = self.cfg
+        if self.dataset is None:
+            images, captions = fresh_batch(cfg.seed, step, cfg.batch_size, cfg.size)
+        else:
+            n = len(self.dataset)
+            per_epoch = max(1, n // cfg.batch_size)
+            epoch, i = divmod(step, per_epoch)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 100003 + epoch))
+            idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+            images, captions = self.dataset.images[idx], [self.dataset.captions[j] for j in idx.tolist()]
         # each process takes its own slice of the global batch
-        idx = idx[self.accelerator.process_index::self.accelerator.num_processes]
-        images = self.dataset.images[idx].float() / 127.5 - 1
-        coin = torch.rand(len(idx), generator=torch.Generator().manual_seed(self.cfg.seed + step))
-        drop = coin < self.cfg.caption_dropout
-        captions = ["" if d else self.dataset.captions[j] for d, j in zip(drop.tolist(), idx.tolist())]
+        part = slice(self.accelerator.process_index, None, self.accelerator.num_processes)
+        images, captions = images[part].float() / 127.5 - 1, captions[part]
+        coin = torch.rand(len(captions), generator=torch.Generator().manual_seed(cfg.seed + step))
+        captions = ["" if drop else c for drop, c in zip((coin < cfg.caption_dropout).tolist(), captions)]
         return images, captions
 
     def loss(self, images: torch.Tensor, captions: list[str]) -> torch.Tensor:
@@ -169,15 +227,20 @@ class Trainer:
         images, t = images.to(device), t.to(device)
         noisy = self.scheduler.add_noise(images, noise, t)
         pred = self.unet(noisy, t, encoder_hidden_states=context)
+        if self.cfg.prediction_type == "v_prediction":
+            target = self.scheduler.get_velocity(images, noise, t)  # sqrt(a) noise - sqrt(1 - a) x0
+        else:
+            target = noise
         alphas = self.scheduler.alphas_cumprod.to(device)[t]
-        snr = alphas / (1 - alphas)
-        weight = snr.clamp(max=self.cfg.min_snr_gamma) / snr  # Min-SNR: stop easy steps dominating
-        per_image = F.mse_loss(pred, noise, reduction="none").mean(dim=(1, 2, 3))
+        snr = alphas / (1 - alphas)  # (B,); 0 at t = T under zero terminal SNR
+        weight = loss_weight(snr, self.cfg.prediction_type, self.cfg.min_snr_gamma)
+        per_image = F.mse_loss(pred, target, reduction="none").mean(dim=(1, 2, 3))
         return (weight * per_image).mean()
 
     @torch.no_grad()
     def update_ema(self):
-        d = self.cfg.ema_decay if self.step > self.cfg.warmup else 0.0  # copy early weights outright
+        # a short average early (when weights move fast), the full decay once the run has 1000s of steps
+        d = min(self.cfg.ema_decay, (1 + self.step) / (10 + self.step))
         for model, ema in ((self.unet, self.ema), (self.text_encoder, self.ema_text)):
             for p, e in zip(self.accelerator.unwrap_model(model).parameters(), ema.parameters()):
                 e.lerp_(p.detach(), 1 - d)
@@ -213,7 +276,7 @@ class Trainer:
             module.load_state_dict({k[len(prefix) + 1:]: v for k, v in tensors.items()
                                     if k.startswith(prefix + ".") and not k.startswith(prefix + "_")})
         state = self.optimizer.state_dict()
-        for pid in range(len(state["param_groups"][0]["params"])):
+        for pid in (pid for group in state["param_groups"] for pid in group["params"]):
             keys = [k for k in tensors if k.startswith(f"opt.{pid}.")]
             if keys:
                 state["state"][pid] = {k.split(".", 2)[2]: tensors[k] for k in keys}
@@ -269,6 +332,8 @@ class Trainer:
                 out_of_time = cfg.max_minutes > 0 and time.time() - t0 > 60 * cfg.max_minutes
                 if out_of_time and self.step % cfg.checkpoint_every:
                     self.save_checkpoint()
+                if self.accelerator.is_main_process and cfg.snapshot_every and self.step % cfg.snapshot_every == 0:
+                    self.save_pipeline(self.out / "snapshots" / f"step_{self.step:06d}")
                 if self.accelerator.is_main_process and (self.step % cfg.sample_every == 0 or self.step == cfg.steps
                                                          or out_of_time):
                     self.save_samples(self.out / "samples" / f"step_{self.step:06d}.png")
@@ -290,7 +355,12 @@ class Trainer:
     def save_pipeline(self, folder: Path):
         """The EMA pipeline, plus the words its captions used (so generation can warn about unseen ones)."""
         self.pipeline().save_pretrained(folder)
-        words = sorted({w for caption in self.dataset.captions for w in caption.split()})
+        if self.dataset is not None:
+            captions = self.dataset.captions
+        else:
+            sampler = SceneSampler(self.cfg.seed, 8, 8)  # tiny scenes: only their captions are needed
+            captions = [sampler().caption for _ in range(2000)]
+        words = sorted({w for caption in captions for w in caption.split()})
         (folder / "trained_words.json").write_text(json.dumps(words))
 
 
