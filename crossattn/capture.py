@@ -3,8 +3,9 @@
 The store attaches to every `CrossAttention` of a model (ours), or installs `CaptureProcessor`
 on every attention of a diffusers `UNet2DConditionModel`. It keeps running sums keyed by layer
 and timestep window -- heads kept apart -- so its memory is the same after 10 steps or 1,000.
-Under classifier-free guidance the batch is `[uncond, cond]`; only the prompt-conditioned half
-is kept. Detaching restores the model exactly (the fused kernel runs again).
+Under classifier-free guidance the batch is `[uncond, cond]`; the store notices this by itself
+(see `_before_model`) and keeps only the prompt-conditioned half. Detaching restores the model
+exactly (the fused kernel runs again).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class AttentionStore:
         if windows < 1:
             raise ValueError(f"windows must be >= 1, got {windows}")
         self.self_attention, self.windows, self.num_train_timesteps = self_attention, windows, num_train_timesteps
-        self.guided = False  # set by the pipeline: True when the batch is [uncond, cond]
+        self.guided = False  # learned at every model call: True when the batch is [uncond, cond]
         self.sums: dict[tuple[str, int], torch.Tensor] = {}
         self.counts: dict[tuple[str, int], int] = {}
         self.layer_shapes: dict[str, tuple[int, int]] = {}
@@ -103,6 +104,14 @@ class AttentionStore:
         timestep = args[1] if len(args) > 1 else kwargs["timestep"]
         self._image_hw = tuple(sample.shape[-2:])
         self._timestep = float(torch.as_tensor(timestep).reshape(-1)[0])
+        # Classifier-free guidance, detected from the model's own input, not told by a caller: every
+        # guided pipeline (ours; diffusers' SD 1.x/2.x and SDXL: `torch.cat([latents] * 2)`) feeds the
+        # same latents twice, [uncond, cond], so the two halves of `sample` are bit-identical. Without
+        # guidance each image has its own noise and the halves differ. The text side cannot tell this:
+        # two prompts without guidance also differ half to half, and SDXL's zeroed negative prompt is
+        # just another context. Hooking the pipeline would need one hook per pipeline class.
+        B = sample.shape[0]
+        self.guided = B % 2 == 0 and torch.equal(sample[:B // 2], sample[B // 2:])
 
     def window_of(self, timestep: float) -> int:
         return min(self.windows - 1, max(0, int(timestep * self.windows // self.num_train_timesteps)))

@@ -44,7 +44,6 @@ def test_capture_processor_matches_default_and_gives_maps():
     expected = sample(pipe)
     store = AttentionStore()
     with store.attach(pipe.unet):
-        store.guided = True
         got = sample(pipe)
     assert abs(got - expected).max() < 1e-4
     assert all(name.endswith("attn2") for name in store.layers) and store.layers

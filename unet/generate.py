@@ -146,8 +146,7 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
     store = AttentionStore(self_attention=settings.self_attention,
                            num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
     t0 = time.perf_counter()
-    with store.attach(pipe.unet):
-        store.guided = settings.guidance > 1
+    with store.attach(pipe.unet):  # the store tells the guided halves apart by itself
         kwargs = dict(num_inference_steps=settings.steps, guidance_scale=settings.guidance, generator=generator,
                       num_images_per_prompt=settings.num_images, height=settings.height, width=settings.width,
                       output_type="np")

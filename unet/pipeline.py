@@ -72,8 +72,6 @@ class ScenePipeline(DiffusionPipeline):
         context = self.encode_prompt(prompts)  # (B, T, D)
         if guided:
             context = torch.cat([self.encode_prompt([""] * B), context])  # (2B, T, D): [uncond, cond]
-        if attention_store is not None:
-            attention_store.guided = guided
 
         channels = self.unet.config.in_channels
         x = torch.randn((B, channels, height, width), generator=generator, dtype=context.dtype,
