@@ -14,12 +14,26 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _check_mask(mask: torch.Tensor | None, batch: int, keys: int) -> None:
-    if mask is not None and (mask.dim() != 2 or tuple(mask.shape) != (batch, keys)):
+def _check_mask(mask: torch.Tensor | None, batch: int, keys: int) -> torch.Tensor | None:
+    """The key padding mask as bool (B, keys), True = keep. Accepts bool or integer 0/1 (what tokenizers
+    return as `attention_mask`). Float masks are refused: the fused kernel would add them to the scores."""
+    if mask is None:
+        return None
+    if mask.dim() != 2 or tuple(mask.shape) != (batch, keys):
         raise ValueError(
             f"key padding mask must have shape (B, keys) = ({batch}, {keys}) with True for real keys, "
             f"got {tuple(mask.shape)}"
         )
+    if mask.is_floating_point() or mask.is_complex():
+        raise ValueError(f"key padding mask must be bool or integer 0/1 (1 = keep), got {mask.dtype}; "
+                         "an additive float mask is not supported")
+    if mask.dtype != torch.bool:
+        if ((mask != 0) & (mask != 1)).any():
+            raise ValueError("an integer key padding mask must hold only 0 (drop) and 1 (keep)")
+        mask = mask.bool()
+    if not mask.any(dim=1).all():
+        raise ValueError("key padding mask drops every key of some sample: each needs at least one key kept")
+    return mask
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -43,19 +57,23 @@ def attention(
     heads: int,
     mask: torch.Tensor | None = None,
     return_weights: bool = False,
+    edit=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Multi-head attention of queries `x` (B, N, C) over keys/values `context` (B, T, D).
 
-    `mask` (B, T) is True for real keys; padded keys (False) get exactly zero weight.
+    `mask` (B, T) is True (or 1) for real keys; padded keys (False, 0) get exactly zero weight, on the
+    fused and the explicit path alike. Float masks raise. Non-finite inputs are not checked: a NaN
+    query gives NaN on the explicit path but may give finite values on the fused kernel.
     Returns the per-head values `(B, N, heads * head_dim)` (before the output projection) and,
     if `return_weights`, the softmax weights `(B, heads, N, T)`; otherwise the fused kernel runs
-    and the weights are None.
+    and the weights are None. `edit`, if given, takes the softmax weights and returns the weights
+    that weigh the Values instead (steering, `crossattn.control`); it forces the explicit path.
     """
-    _check_mask(mask, x.shape[0], context.shape[1])
+    mask = _check_mask(mask, x.shape[0], context.shape[1])
     q, k, v = split_heads(to_q(x), heads), split_heads(to_k(context), heads), split_heads(to_v(context), heads)
     # (B, heads, N, head_dim), (B, heads, T, head_dim), (B, heads, T, head_dim)
     key_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T), broadcast over heads, queries
-    if not return_weights:
+    if not return_weights and edit is None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)  # same maths, fused kernel
         return merge_heads(out), None
 
@@ -63,6 +81,8 @@ def attention(
     if key_mask is not None:
         scores = scores.masked_fill(~key_mask, float("-inf"))
     weights = scores.softmax(dim=-1)  # (B, heads, N, T): each query's weights over keys sum to 1
+    if edit is not None:
+        weights = edit(weights)  # (B, heads, N, T), e.g. re-weighted or replayed words
     out = weights @ v  # (B, heads, N, head_dim): weighted sum of Values
     return merge_heads(out), weights
 
@@ -92,6 +112,7 @@ class CrossAttention(nn.Module):
         self.to_v = nn.Linear(self.context_dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, query_dim), nn.Dropout(dropout)])
         self.observer = None  # set by AttentionStore.attach; called with the weights of every forward
+        self.controller = None  # set by crossattn.control.Controller.attach; may change the weights
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 need_weights: bool = False):
@@ -115,7 +136,8 @@ class CrossAttention(nn.Module):
             )
 
         want_weights = need_weights or self.observer is not None
-        out, weights = attention(x, context, self.to_q, self.to_k, self.to_v, self.heads, mask, want_weights)
+        edit = None if self.controller is None else (lambda w: self.controller(self, w))
+        out, weights = attention(x, context, self.to_q, self.to_k, self.to_v, self.heads, mask, want_weights, edit)
         if self.observer is not None:
             self.observer(self, weights)
         out = self.to_out[1](self.to_out[0](out))  # (B, N, query_dim)

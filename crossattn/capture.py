@@ -37,6 +37,8 @@ class AttentionStore:
     windows: the number of equal timestep windows over [0, num_train_timesteps).
     After a run, `sums[(layer, window)]` is (B, heads, N, keys) and `counts[(layer, window)]` the
     number of forward passes summed in it; `layer_shapes[layer]` = (h, w) and `is_cross[layer]`.
+    Read them through `mean`, `batch_size`, `heads(layer)`, `keys(layer)`, `recorded_windows()`,
+    `window_range(window)` and `passes()` rather than indexing `sums`.
     """
 
     def __init__(self, self_attention: bool = False, windows: int = 10, num_train_timesteps: int = 1000):
@@ -55,8 +57,16 @@ class AttentionStore:
 
     # --- attaching
     def attach(self, model: torch.nn.Module) -> AttentionStore:
+        """Record every attention of `model` until `detach` (or the end of `with store.attach(model):`).
+
+        A model takes one store at a time: a second store would take over the first one's hooks,
+        so attaching one where another is attached raises.
+        """
         if self._undo:
             raise RuntimeError("this AttentionStore is already attached; detach it first")
+        if _attached_store(model) is not None:
+            raise RuntimeError(f"{type(model).__name__} already has an AttentionStore attached (one store per model "
+                               "at a time); detach that store first or reuse it")
         self._undo.append(model.register_forward_pre_hook(self._before_model, with_kwargs=True).remove)
         if hasattr(model, "attn_processors") and hasattr(model, "set_attn_processor"):
             self._attach_diffusers(model)
@@ -95,8 +105,13 @@ class AttentionStore:
         self.detach()
 
     def reset(self) -> None:
+        """Forget everything recorded (sums, counts, layer shapes, last timestep and image size); stays attached."""
         self.sums.clear()
         self.counts.clear()
+        self.layer_shapes.clear()
+        self.is_cross.clear()
+        self._timestep = 0
+        self._image_hw = None
 
     # --- recording
     def _before_model(self, module, args, kwargs):
@@ -112,6 +127,9 @@ class AttentionStore:
         # just another context. Hooking the pipeline would need one hook per pipeline class.
         B = sample.shape[0]
         self.guided = B % 2 == 0 and torch.equal(sample[:B // 2], sample[B // 2:])
+        if not 0 <= self._timestep <= self.num_train_timesteps:  # windows would silently clamp
+            raise ValueError(f"timestep {self._timestep:g} is outside [0, {self.num_train_timesteps}]: create the "
+                             "store with num_train_timesteps=<the scheduler's config.num_train_timesteps>")
 
     def window_of(self, timestep: float) -> int:
         return min(self.windows - 1, max(0, int(timestep * self.windows // self.num_train_timesteps)))
@@ -136,6 +154,40 @@ class AttentionStore:
     def layers(self) -> list[str]:
         return list(self.layer_shapes)
 
+    @property
+    def batch_size(self) -> int:
+        """Images recorded per forward pass (the prompt half only under guidance); 0 before any."""
+        return next(iter(self.sums.values())).shape[0] if self.sums else 0
+
+    def _first(self, layer: str) -> torch.Tensor:
+        found = next((s for (name, _), s in self.sums.items() if name == layer), None)
+        if found is None:
+            raise ValueError(f"nothing was recorded for layer {layer!r}; recorded layers: {self.layers}")
+        return found
+
+    def heads(self, layer: str) -> int:
+        """Number of attention heads of `layer`."""
+        return self._first(layer).shape[1]
+
+    def keys(self, layer: str) -> int:
+        """Keys each query of `layer` weighs: the prompt's tokens (cross) or the layer's pixels (self)."""
+        return self._first(layer).shape[-1]
+
+    def recorded_windows(self, layer: str | None = None) -> list[int]:
+        """The timestep windows holding records (of `layer`, or of any layer), ascending."""
+        return sorted({w for (name, w) in self.sums if layer is None or name == layer})
+
+    def window_range(self, window: int) -> tuple[float, float]:
+        """The timesteps [lo, hi) that window `window` collects."""
+        if not 0 <= window < self.windows:
+            raise ValueError(f"window must be in 0..{self.windows - 1}, got {window}")
+        size = self.num_train_timesteps / self.windows
+        return window * size, (window + 1) * size
+
+    def passes(self, layer: str | None = None) -> int:
+        """Forward passes recorded (in `layer`, or summed over layers)."""
+        return sum(c for (name, _), c in self.counts.items() if layer is None or name == layer)
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.sums.values())
 
@@ -146,8 +198,7 @@ class AttentionStore:
         for (name, window), s in self.sums.items():
             if name != layer:
                 continue
-            lo = window * self.num_train_timesteps / self.windows
-            hi = (window + 1) * self.num_train_timesteps / self.windows
+            lo, hi = self.window_range(window)
             if timesteps is not None and (hi <= timesteps[0] or lo > timesteps[1]):
                 continue
             total = s.clone() if total is None else total + s
@@ -160,6 +211,16 @@ class AttentionStore:
                 raise ValueError(f"layer {layer} has {total.shape[1]} heads; got heads {heads}")
             total = total[:, heads]
         return total.mean(dim=1)  # (B, N, keys)
+
+
+def _attached_store(model: torch.nn.Module):
+    """The AttentionStore already feeding on `model`'s attention layers, or None."""
+    for module in model.modules():
+        if isinstance(module, CrossAttention) and module.observer is not None:
+            return getattr(module.observer, "__self__", module.observer)
+    if hasattr(model, "attn_processors"):
+        return next((p.store for p in model.attn_processors.values() if isinstance(p, CaptureProcessor)), None)
+    return None
 
 
 class CaptureProcessor:

@@ -10,14 +10,18 @@ overlay.png, words/<i>_<word>.png, maps.safetensors and meta.json. Works with th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
 import platform
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,49 +35,139 @@ from crossattn.maps import NORMALIZATIONS, merge_words, token_maps
 from crossattn.overlay import overlay_grid, word_overlay
 from crossattn.text import dropped_words, prompt_words
 
-from .pipeline import PRETRAINED, ScenePipeline, make_scheduler
+from .pipeline import (  # noqa: F401 -- UsageError, load_pipeline, TRAINED_WORDS re-exported for old imports
+    PRETRAINED,
+    TRAINED_WORDS,
+    ScenePipeline,
+    UsageError,
+    check_device,
+    load_pipeline,
+    make_scheduler,
+    shorten,
+)
 
-TRAINED_WORDS = "trained_words.json"
+PARTIAL = ".partial-"  # prefix of the hidden folder a result is written into before it is renamed into place
 
 
-class UsageError(Exception):
-    """Bad input from the user: reported as one line, exit code 2."""
+# --- interrupts: Ctrl-C and SIGTERM take the same path, and every command prints one line for them
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (kill, timeout, job schedulers) raised as Ctrl-C's exception, so the same cleanup runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
-def load_pipeline(model: str | Path | None = None, scheduler: str = "ddim", device: str | None = None):
-    """Our pipeline folder (default: the shipped model) or a Stable Diffusion folder, offline, safetensors only."""
-    folder = Path(model) if model else PRETRAINED
-    index = folder / "model_index.json"
-    if not folder.is_dir():
-        raise UsageError(f"model folder {folder} does not exist")
-    if not index.exists():
-        raise UsageError(f"{folder} is not a pipeline folder: it has no model_index.json")
-    pickled = [p.name for p in folder.rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl")]
-    if not any(folder.rglob("*.safetensors")):
-        raise UsageError(f"{folder} has no .safetensors weights{f' (found {pickled})' if pickled else ''}; "
-                         "only safetensors checkpoints are loaded, never pickles")
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Inside the block SIGTERM raises `Interrupted` (a KeyboardInterrupt); the old handler returns after."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        class_name = json.loads(index.read_text()).get("_class_name")
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{index} is not valid JSON: {e}") from e
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted(e: KeyboardInterrupt, what: str) -> int:
+    """Report an interrupt in one line; the exit code the shell gives a process killed by that signal."""
+    signum = getattr(e, "signum", signal.SIGINT)
+    print(f"interrupted ({signal.Signals(signum).name}): {what}", file=sys.stderr)
+    return 128 + signum
+
+
+def usage_error(e: Exception) -> int:
+    """Report bad input as one line on stderr; exit code 2."""
+    print(f"error: {shorten(' '.join(str(e).split()), 500)}", file=sys.stderr)
+    return 2
+
+
+# --- output folders: checked before any work, written whole or not at all
+def check_out_dir(out: Path, flag: str = "--out") -> None:
+    """Raise UsageError unless `out` is a writable folder or can be created as one. Creates nothing."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if class_name == "ScenePipeline":
-                pipe = ScenePipeline.from_pretrained(folder, local_files_only=True, use_safetensors=True)
-            else:
-                from diffusers import DiffusionPipeline
-                pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True, use_safetensors=True,
-                                                         safety_checker=None, feature_extractor=None,
-                                                         requires_safety_checker=False)
-    except Exception as e:  # diffusers raises many types; the user needs the message, not the trace
-        raise UsageError(f"could not load the model in {folder}: {type(e).__name__}: {e}") from e
-    pipe.scheduler = make_scheduler(scheduler, pipe.scheduler.config)
-    if device:
-        pipe.to(device)
-    pipe.trained_words = (set(json.loads((folder / TRAINED_WORDS).read_text()))
-                          if (folder / TRAINED_WORDS).exists() else None)
-    return pipe
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"{flag} {out} is a file, not a folder")
+        existing = out.absolute()
+        while not existing.exists():
+            existing = existing.parent
+    except (OSError, ValueError) as e:  # e.g. a name with a NUL byte, or a path too long
+        raise UsageError(f"{flag} {shorten(str(out))} is not a usable path: {e}") from e
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {out} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {out} is not writable: no permission to write in {existing}")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_partials(out: Path) -> list[Path]:
+    """Delete `.partial-<pid>-*` folders whose process is gone (a run killed with SIGKILL or a power cut).
+
+    Folders of runs still going are left alone; older `.partial-*` names without a pid are never read.
+    """
+    removed = []
+    for folder in out.glob(f"{PARTIAL}*"):
+        pid = folder.name[len(PARTIAL):].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _normal_permissions(folder: Path) -> None:
+    """What `mkdir` and `open` would have given under the user's umask (temp folders are made private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+@contextlib.contextmanager
+def partial_folder(out: Path):
+    """Yield a new hidden folder `out/.partial-<pid>-*` to write a result into; `publish` renames it into
+    place. On any error or interrupt the folder goes, and so do `out` and its parents if this made them."""
+    created = [p for p in [out.absolute(), *out.absolute().parents] if not p.exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{PARTIAL}{os.getpid()}-", dir=out))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for folder in created:  # deepest first; stops at the first that is not empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def publish(tmp: Path, final: Path) -> Path:
+    """Rename the finished `tmp` folder to `final` (replacing an existing `final`, for --overwrite)."""
+    _normal_permissions(tmp)
+    old = None
+    if final.exists():  # moved aside first, so `final` is never missing half-way
+        old = Path(tempfile.mkdtemp(prefix=f"{PARTIAL}{os.getpid()}-old-", dir=final.parent))
+        final.rename(old / final.name)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 @dataclass
@@ -104,17 +198,127 @@ def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None)
     cut = dropped_words(pipe.tokenizer, prompt)
     if cut and not settings.truncate:
         raise UsageError(f"prompt is longer than the tokenizer's {pipe.tokenizer.model_max_length} tokens; these "
-                         f"words would be dropped: {' '.join(cut)} (shorten it, or pass --truncate to accept)")
+                         f"words would be dropped: {shorten(' '.join(cut), 200)} (shorten it, or pass --truncate "
+                         "to accept)")
     prompt_list = [w.text for w in prompt_words(pipe.tokenizer, prompt)]
     missing = [w for w in words or [] if w not in prompt_list]
     if missing:
-        raise UsageError(f"--words {missing} not in the prompt; its words are: {prompt_list}")
+        raise UsageError(f"--words {shorten(repr(missing), 200)} not in the prompt; its words are: "
+                         f"{shorten(repr(prompt_list), 200)}")
     notes = []
     unseen = unseen_words(pipe, prompt_list)
     if unseen:
         notes.append(f"the model never saw these words in training: {unseen}; their maps show what an "
                      "untrained embedding attracts")
     return notes
+
+
+MAX_SEED = 2 ** 64 - 1  # torch.Generator.manual_seed takes 64 bits
+
+
+def check_settings(settings: Settings) -> None:
+    """The checks that need no model: raise UsageError naming the bad value and what is accepted."""
+    for flag, value in (("--steps", settings.steps), ("--num-images", settings.num_images)):
+        if value < 1:
+            raise UsageError(f"{flag} must be a positive integer, got {value}")
+    if not math.isfinite(settings.guidance):
+        raise UsageError(f"--guidance must be a finite number (<= 1 turns guidance off), got {settings.guidance}")
+    if not 0 <= settings.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be an integer from 0 to 2**64 - 1, got {shorten(str(settings.seed))}")
+    for flag, value in (("--height", settings.height), ("--width", settings.width)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive number of pixels, got {value}")
+
+
+def size_multiple(pipe) -> int:
+    """Height and width must be multiples of this: our U-Net halves the image at every level but the
+    last; a Stable Diffusion pipeline works on latents `vae_scale_factor` times smaller."""
+    if not isinstance(pipe, ScenePipeline):
+        return int(getattr(pipe, "vae_scale_factor", 8))
+    config = pipe.unet.config
+    return 2 ** (len(getattr(config, "channels", None) or config.block_out_channels) - 1)
+
+
+def default_size(pipe) -> int:
+    """The image side the model was made for, in pixels."""
+    return pipe.unet.config.sample_size * (1 if isinstance(pipe, ScenePipeline) else size_multiple(pipe))
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for a run on `device`: free GPU memory, or the machine's available RAM; None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _level(name: str, levels: int) -> int:
+    """How many times the U-Net halved the input before the module `name` (ours: down.i / mid_attn / up.j;
+    diffusers: down_blocks.i / mid_block / up_blocks.j); 0, the largest, when the name says nothing."""
+    found = re.match(r"(down|up)[a-z_]*\.(\d+)\.", name)
+    if found:
+        index = int(found.group(2))
+        return index if found.group(1) == "down" else levels - 1 - index
+    return levels - 1 if name.startswith("mid") else 0
+
+
+def memory_estimate(pipe, settings: Settings) -> int:
+    """Rough bytes a run needs beyond the weights, to refuse sizes that cannot fit: the attention weights
+    capture makes explicit (scores and softmax of the largest layer at once, 2 images per prompt under
+    guidance), the store's running sums (per layer and timestep window), and full-size activations."""
+    factor = 1 if isinstance(pipe, ScenePipeline) else size_multiple(pipe)
+    height = (settings.height or default_size(pipe)) // factor
+    width = (settings.width or default_size(pipe)) // factor
+    per_pass = settings.num_images * (2 if settings.guidance > 1 else 1)
+    windows = min(settings.steps, new_store(pipe, settings).windows)
+    config = pipe.unet.config
+    levels = len(getattr(config, "channels", None) or config.block_out_channels)
+    biggest = sums = 0
+    for name, module in pipe.unet.named_modules():
+        heads, cross = vars(module).get("heads"), vars(module).get("is_cross_attention")  # ours and diffusers
+        if not isinstance(heads, int) or cross is None or not (cross or settings.self_attention):
+            continue  # not attention, or self-attention left to the fused kernel (no weights kept)
+        k = _level(name, levels)
+        queries = math.ceil(height / 2 ** k) * math.ceil(width / 2 ** k)
+        keys = pipe.tokenizer.model_max_length if cross else queries
+        one_image = heads * queries * keys * 4  # float32 (heads, N, keys)
+        biggest = max(biggest, 2 * per_pass * one_image)
+        sums += windows * settings.num_images * one_image
+    first = (getattr(config, "channels", None) or config.block_out_channels)[0]
+    activations = 8 * per_pass * first * height * width * 4  # a few full-size feature maps alive at once
+    return biggest + sums + activations
+
+
+def check_model_settings(pipe, settings: Settings) -> None:
+    """The checks that need the model: sizes, steps within the scheduler's range, memory."""
+    multiple = size_multiple(pipe)
+    for flag, value in (("--height", settings.height), ("--width", settings.width)):
+        if value is not None and value % multiple:
+            raise UsageError(f"{flag} must be a multiple of {multiple} for this model, got {value}")
+    limit = pipe.scheduler.config.num_train_timesteps
+    if settings.steps > limit:
+        raise UsageError(f"--steps must be at most {limit} (the scheduler's training timesteps), got {settings.steps}")
+    need, free = memory_estimate(pipe, settings), available_memory(pipe.device)
+    if free is not None and need > free:
+        size = f"{settings.height or default_size(pipe)}x{settings.width or default_size(pipe)}"
+        raise UsageError(f"this run would need about {need / 2**30:.1f} GiB ({size}, {settings.num_images} images) "
+                         f"but {pipe.device} has {free / 2**30:.1f} GiB free; use a smaller size or fewer images")
+
+
+def new_store(pipe, settings: Settings) -> AttentionStore:
+    """The store a run records into; its timestep windows span the scheduler's training timesteps."""
+    return AttentionStore(self_attention=settings.self_attention,
+                          num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
 
 
 def _slug(prompt: str) -> str:
@@ -140,11 +344,12 @@ def _versions() -> dict:
 def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_name: str,
                  words_filter: list[str] | None = None, overwrite: bool = False, show_progress: bool = True) -> Path:
     """Generate `settings.num_images` images for `prompt` and write its folder; returns the folder."""
+    check_settings(settings)
+    check_model_settings(pipe, settings)
     timings = {}
     words = prompt_words(pipe.tokenizer, prompt)
     generator = torch.Generator(device="cpu").manual_seed(settings.seed)
-    store = AttentionStore(self_attention=settings.self_attention,
-                           num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    store = new_store(pipe, settings)
     t0 = time.perf_counter()
     with store.attach(pipe.unet):  # the store tells the guided halves apart by itself
         kwargs = dict(num_inference_steps=settings.steps, guidance_scale=settings.guidance, generator=generator,
@@ -173,10 +378,8 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
     timings["maps_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    final = _new_folder(out_dir, f"{_slug(prompt)}-s{settings.seed}", overwrite)
-    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))  # renamed into place only when complete
-    try:
+    with partial_folder(out_dir) as tmp:  # renamed into place only when complete; removed on any error
+        final = _new_folder(out_dir, f"{_slug(prompt)}-s{settings.seed}", overwrite)
         names = []
         for k, image in enumerate(images):
             info = PngImagePlugin.PngInfo()
@@ -205,13 +408,7 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
             "timings": {k: round(v, 3) for k, v in timings.items()}, "versions": _versions(),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if final.exists():  # --overwrite
-            shutil.rmtree(final)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+        return publish(tmp, final)
 
 
 def parse_args(argv=None):
@@ -238,7 +435,7 @@ def parse_args(argv=None):
     p.add_argument("--self-attention", action="store_true", help="also record self-attention (more memory)")
     p.add_argument("--truncate", action="store_true", help="accept prompts longer than the tokenizer allows")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder of the same name")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress or loading bars")
     return p.parse_args(argv)
 
 
@@ -246,23 +443,28 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     settings = Settings(args.seed, args.steps, args.guidance, args.num_images, args.height, args.width,
                         args.normalize, args.scheduler, args.self_attention, args.truncate)
-    try:
-        if settings.steps < 1:
-            raise UsageError(f"--steps must be a positive integer, got {settings.steps}")
-        if settings.num_images < 1:
-            raise UsageError(f"--num-images must be a positive integer, got {settings.num_images}")
-        pipe = load_pipeline(args.model, args.scheduler, args.device)
-        notes = [n for prompt in args.prompts for n in check_prompt(pipe, prompt, settings, args.words)]
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for note in notes:
-        print(f"warning: {note}", file=sys.stderr)
-    model_name = str(args.model or "shipped:" + PRETRAINED.name)
-    for prompt in args.prompts:
-        folder = generate_one(pipe, prompt, settings, Path(args.out), model_name, args.words, args.overwrite,
-                              show_progress=not args.quiet)
-        print(folder)
+    with sigterm_as_interrupt():
+        try:
+            # every check before any model work: a bad value costs nothing and leaves nothing behind
+            check_settings(settings)
+            check_out_dir(Path(args.out))
+            pipe = load_pipeline(args.model, args.scheduler, args.device, show_progress=not args.quiet)
+            check_model_settings(pipe, settings)
+            notes = [n for prompt in args.prompts for n in check_prompt(pipe, prompt, settings, args.words)]
+        except UsageError as e:
+            return usage_error(e)
+        except KeyboardInterrupt as e:
+            return interrupted(e, "nothing was written")
+        for note in notes:
+            print(f"warning: {note}", file=sys.stderr)
+        model_name = str(args.model or "shipped:" + PRETRAINED.name)
+        try:
+            for prompt in args.prompts:
+                folder = generate_one(pipe, prompt, settings, Path(args.out), model_name, args.words, args.overwrite,
+                                      show_progress=not args.quiet)
+                print(folder)
+        except KeyboardInterrupt as e:
+            return interrupted(e, "no half-written folder left; the folders printed above are complete")
     return 0
 
 

@@ -6,6 +6,10 @@ guidance), then for each scheduler timestep predict the noise and step.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +20,7 @@ from PIL import Image
 
 SCHEDULERS = {"ddim": DDIMScheduler, "dpm": DPMSolverMultistepScheduler, "ddpm": DDPMScheduler}
 PRETRAINED = Path(__file__).parent / "pretrained" / "scenes-32"
+TRAINED_WORDS = "trained_words.json"
 
 
 def make_scheduler(name: str, config) -> object:
@@ -30,6 +35,104 @@ def make_scheduler(name: str, config) -> object:
     return SCHEDULERS[name].from_config(config, **extra)
 
 
+class UsageError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """`text` cut to about `limit` characters, so an error naming a 98 KB prompt stays one short line."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def check_device(device: str | None) -> None:
+    """Raise UsageError unless `device` (e.g. 'cpu', 'cuda:1', 'mps') names a device this machine has."""
+    if device is None:
+        return
+    try:
+        torch.empty(1, device=torch.device(device))
+    except Exception as e:  # torch raises RuntimeError, AssertionError or ValueError by backend
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"device {shorten(repr(device))} is not usable here ({reason}); "
+                         "e.g. cpu, cuda, cuda:1, mps") from e
+
+
+@contextlib.contextmanager
+def _progress_bars(show: bool):
+    """Hide diffusers' and transformers' loading bars unless `show`; restore their setting after."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+    libraries = [lib for lib in (diffusers_logging, transformers_logging) if lib.is_progress_bar_enabled()]
+    for lib in libraries if not show else []:
+        lib.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for lib in libraries if not show else []:
+            lib.enable_progress_bar()
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"{path} is not a readable JSON file ({what}): {type(e).__name__}: {e}") from e
+
+
+def load_pipeline(model: str | Path | None = None, scheduler: str = "ddim", device: str | None = None,
+                  show_progress: bool = True):
+    """Our pipeline folder (default: the shipped model) or a Stable Diffusion folder, offline, safetensors only.
+
+    Every problem with the folder or the device raises UsageError with a one-line reason.
+    """
+    if model is not None and not str(model).strip():
+        raise UsageError("the model folder is empty (''); give a pipeline folder, or leave it out for the "
+                         "shipped model")
+    folder = PRETRAINED if model is None else Path(model)
+    index = folder / "model_index.json"
+    if not folder.exists():
+        raise UsageError(f"model folder {folder} does not exist")
+    if not folder.is_dir():
+        raise UsageError(f"model {folder} is a file, not a pipeline folder")
+    if not index.is_file():
+        raise UsageError(f"{folder} is not a pipeline folder: it has no model_index.json file")
+    pickled = [p.name for p in folder.rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl")]
+    if not any(folder.rglob("*.safetensors")):
+        raise UsageError(f"{folder} has no .safetensors weights{f' (found {pickled})' if pickled else ''}; "
+                         "only safetensors checkpoints are loaded, never pickles")
+    config = _read_json(index, "the pipeline's components")
+    if not isinstance(config, dict) or not isinstance(config.get("_class_name"), str):
+        raise UsageError(f"{index} must be a JSON object with a \"_class_name\", got {shorten(repr(config))}")
+    trained_words = None
+    if (folder / TRAINED_WORDS).exists():
+        trained_words = _read_json(folder / TRAINED_WORDS, "the words the model was trained on")
+        if not isinstance(trained_words, list) or not all(isinstance(w, str) for w in trained_words):
+            raise UsageError(f"{folder / TRAINED_WORDS} must be a JSON list of words, "
+                             f"got {shorten(repr(trained_words))}")
+        trained_words = set(trained_words)
+    check_device(device)
+    try:
+        with warnings.catch_warnings(), _progress_bars(show_progress):
+            warnings.simplefilter("ignore")
+            if config["_class_name"] == "ScenePipeline":
+                pipe = ScenePipeline.from_pretrained(folder, local_files_only=True, use_safetensors=True)
+            else:
+                pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True, use_safetensors=True,
+                                                         safety_checker=None, feature_extractor=None,
+                                                         requires_safety_checker=False)
+        if device:
+            pipe.to(device)
+    except Exception as e:  # diffusers raises many types; the user needs the message, not the trace
+        reason = shorten(" ".join(str(e).split()), 300)
+        raise UsageError(f"could not load the model in {folder}: {type(e).__name__}: {reason}") from e
+    try:
+        pipe.scheduler = make_scheduler(scheduler, pipe.scheduler.config)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    pipe.trained_words = trained_words
+    return pipe
+
+
+@dataclass
 class PipelineOutput(BaseOutput):
     images: list | np.ndarray | torch.Tensor
 
@@ -53,7 +156,10 @@ class ScenePipeline(DiffusionPipeline):
     def __call__(self, prompt: str | list[str], height: int | None = None, width: int | None = None,
                  num_inference_steps: int = 25, guidance_scale: float = 4.0,
                  generator: torch.Generator | None = None, num_images_per_prompt: int = 1,
-                 output_type: str = "pil", attention_store=None, show_progress: bool = True) -> PipelineOutput:
+                 output_type: str = "pil", attention_store=None, show_progress: bool = True,
+                 controller=None) -> PipelineOutput:
+        """`controller` (a `crossattn.control.Controller`, optional) steers sampling: it is called before
+        and after each scheduler step and may return a changed latent; without one the loop is unchanged."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or any(not isinstance(p, str) for p in prompts):
             raise ValueError("prompt must be a string or a non-empty list of strings")
@@ -79,6 +185,8 @@ class ScenePipeline(DiffusionPipeline):
         self.scheduler.set_timesteps(num_inference_steps, device=self.device)
         x = x * self.scheduler.init_noise_sigma
         for t in self.progress_bar(self.scheduler.timesteps) if show_progress else self.scheduler.timesteps:
+            if controller is not None:
+                x = controller.before_step(self, t, x, context)  # e.g. attend-and-excite moves x
             model_in = torch.cat([x, x]) if guided else x
             model_in = self.scheduler.scale_model_input(model_in, t)
             pred = self.unet(model_in, t, encoder_hidden_states=context)  # noise or v, as the scheduler says
@@ -87,6 +195,8 @@ class ScenePipeline(DiffusionPipeline):
                 pred_uncond, pred_cond = pred.chunk(2)
                 pred = pred_uncond + guidance_scale * (pred_cond - pred_uncond)
             x = self.scheduler.step(pred, t, x, generator=generator).prev_sample
+            if controller is not None:
+                x = controller.after_step(self, t, x)  # e.g. prompt-to-prompt's local blend
 
         images = (x / 2 + 0.5).clamp(0, 1)  # (B, C, H, W) in [0, 1]
         if output_type == "pt":
