@@ -8,7 +8,7 @@ import torch
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hf_home_"))
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)))))  # the cores this process may use
 
 
 @pytest.fixture(autouse=True)

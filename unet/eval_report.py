@@ -28,6 +28,10 @@ def markdown(report: dict, title: str) -> str:
              "| task | accuracy | images |", "|---|---|---|"]
     lines += [f"| {t} | {_fmt(pf[t])} | {pf['n_images'][t]} |" for t in TASKS]
     lines += [f"| **overall** (mean of tasks) | **{_fmt(pf['overall'])}** | {sum(pf['n_images'].values())} |", ""]
+    if "background_grain" in pf:  # reports written before the grain measure have none
+        g = pf["background_grain"]
+        lines += [f"Background grain (mean |pixel| off the detected objects, 0-255; the data's is 0): "
+                  f"mean {g['mean']:.2f}, 90th percentile {g['p90']:.2f}.", ""]
     for key, base_key, heading in (("maps", "baselines", "generated images (masks from the detector)"),
                                    ("maps_dataset", "baselines_dataset",
                                     f"dataset images denoised one step from t={report['maps_dataset']['timestep']} "

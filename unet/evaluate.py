@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from diffusers import DDPMScheduler
+from scipy import ndimage
 
 from crossattn.capture import AttentionStore
 from crossattn.maps import token_maps
@@ -22,7 +24,6 @@ from crossattn.text import prompt_words
 
 from .data import COLORS, HELD_OUT_PAIRS, RELATIONS, SHAPES, SceneSampler
 from .detect import Detection, detect, relative_position
-from .train import noise_scheduler
 
 TASKS = ("single_object", "two_object", "colors", "position", "color_attr")
 BASELINES = ("uniform", "centre", "random_layer", "daam")
@@ -73,6 +74,21 @@ def check(p: EvalPrompt, detections: list[Detection]) -> tuple[bool, list[Detect
     if ok and p.relation is not None:
         ok = p.relation in relative_position(matched[0], matched[1])
     return ok, matched
+
+
+def background_grain(image: np.ndarray, detections: list[Detection], margin: int = 1) -> float:
+    """Mean |pixel| (0-255 scale, all channels) of the background: every pixel farther than `margin` from a
+    detected object. The data's background is exactly 0, so anything above it is grain the model left."""
+    image = np.asarray(image)
+    if image.dtype != np.uint8:
+        image = (np.clip(image, 0, 1) * 255).round()
+    objects = np.zeros(image.shape[:2], bool)
+    for d in detections:
+        objects |= d.mask
+    if margin:
+        objects = ndimage.binary_dilation(objects, iterations=margin)  # anti-aliased edges belong to objects
+    background = image[~objects].astype(np.float64)  # (pixels, 3)
+    return float(background.mean()) if background.size else 0.0
 
 
 # --- map methods: each returns (B, T, H, W) token maps from the same recorded attention
@@ -147,9 +163,10 @@ def generate_batches(pipe, prompts: list[EvalPrompt], seeds: int, base_seed: int
         entries = []
         for i, image in enumerate(images):
             p = chunk[i // seeds]
-            ok, matched = check(p, detect(image))
+            found = detect(image)
+            ok, matched = check(p, found)
             records.append({"task": p.task, "prompt": p.prompt, "ok": ok, "image": image,
-                            "batch": len(batches), "index": i})
+                            "grain": background_grain(image, found), "batch": len(batches), "index": i})
             words = prompt_words(pipe.tokenizer, p.prompt)
             for w_index, obj in word_objects(p.prompt).items():
                 if matched[obj] is not None:
@@ -165,7 +182,7 @@ def dataset_batch(pipe, n: int, timestep: int, seed: int = 123) -> Batch:
     sampler = SceneSampler(seed, pipe.unet.config.sample_size, pipe.unet.config.sample_size, split="eval")
     scenes = [sampler() for _ in range(n)]
     x0 = torch.from_numpy(np.stack([s.image for s in scenes])).permute(0, 3, 1, 2).float() / 127.5 - 1
-    sched = noise_scheduler()
+    sched = DDPMScheduler.from_config(pipe.scheduler.config)  # the model's own noise schedule
     t = torch.full((n,), timestep)
     noisy = sched.add_noise(x0, torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed)), t)
     store = AttentionStore(num_train_timesteps=sched.config.num_train_timesteps)
@@ -220,6 +237,9 @@ def prompt_following(records) -> dict:
         result["n_images"][task] = len(rows)
     scored = [result[t] for t in TASKS if result[t] is not None]
     result["overall"] = sum(scored) / len(scored)  # GenEval: mean over tasks
+    grain = [r["grain"] for r in records]
+    result["background_grain"] = {"mean": float(np.mean(grain)), "p90": float(np.percentile(grain, 90)),
+                                  "unit": "mean |pixel| of background pixels, 0-255"}
     return result
 
 

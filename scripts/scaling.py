@@ -1,0 +1,71 @@
+"""Quick-evaluate every snapshot of a training run and plot prompt following against training images.
+
+    python scripts/train.py --out runs/v1 --snapshot-every 500 ...   # keeps RUN/snapshots/step_*
+    python scripts/scaling.py runs/v1                                 # table + plot in runs/v1/scaling
+    python scripts/scaling.py runs/v1 --watch                         # follow a run that is still training
+
+Each snapshot is evaluated once; results are cached in OUT/scaling.json, so re-running only evaluates
+new snapshots. The best snapshot by prompt following is named in the table.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from unet.evaluate import run_evaluation
+from unet.generate import UsageError, load_pipeline
+from unet.scaling import scaling_row, snapshots, wall_minutes, write_scaling
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="training run folder (with snapshots/ and train_config.json)")
+    p.add_argument("--out", default=None, help="report folder (default: RUN/scaling)")
+    p.add_argument("--seeds", type=int, default=4, help="images per prompt in the quick evaluation (default 4)")
+    p.add_argument("--device", default="cpu", help="where the evaluation runs (and what the table says)")
+    p.add_argument("--watch", action="store_true", help="keep evaluating new snapshots until the run has finished")
+    args = p.parse_args(argv)
+    run = Path(args.run)
+    if not (run / "train_config.json").exists():
+        print(f"error: {run} is not a training run folder (no train_config.json)", file=sys.stderr)
+        return 2
+    if args.seeds < 1:
+        print(f"error: --seeds must be a positive integer, got {args.seeds}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else run / "scaling"
+    cache = out / "scaling.json"
+    rows = {r["step"]: r for r in json.loads(cache.read_text())["rows"]} if cache.exists() else {}
+    batch_size = json.loads((run / "train_config.json").read_text())["batch_size"]
+    device = f"{args.device} ({torch.get_num_threads()} threads)"
+    while True:
+        todo = [(step, folder) for step, folder in snapshots(run) if step not in rows]
+        for step, folder in todo:
+            try:
+                pipe = load_pipeline(folder, device=args.device)
+            except UsageError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            torch.manual_seed(0)
+            report = run_evaluation(pipe, seeds=args.seeds, quick=True, dataset_images=32, progress=False)[0]
+            rows[step] = scaling_row(step, batch_size, wall_minutes(run, step), report)
+            write_scaling(list(rows.values()), out, f"Scaling of {run}", device)
+            r = rows[step]
+            print(f"step {step}: overall {r['overall']:.3f}, position {r['position']:.3f}, "
+                  f"colour attribution {r['color_attr']:.3f}, shape mIoU {r['shape_miou']:.3f}, "
+                  f"grain {r['grain']:.2f}/255", flush=True)
+        if not args.watch or ((run / "pipeline" / "model_index.json").exists() and not todo):
+            break
+        time.sleep(60)
+    if not rows:
+        print(f"error: {run} has no snapshots (train with --snapshot-every N)", file=sys.stderr)
+        return 2
+    print(f"report: {out / 'scaling.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The training recipe of the shipped model: v-prediction at zero terminal SNR, fresh scenes per step,
+the grain measure and the scaling report."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_config
+
+from unet import make_scheduler
+from unet.data import SceneSampler
+from unet.detect import detect
+from unet.evaluate import background_grain
+from unet.scaling import best_row, wall_minutes, write_scaling
+from unet.train import Trainer, loss_weight, noise_scheduler
+
+
+@pytest.mark.parametrize("name", ["ddim", "ddpm", "dpm"])
+def test_v_prediction_round_trip_recovers_x0(name):
+    """Given the exact v target, the sampler's x0 estimate is the clean image -- at t = T too, where an
+    epsilon model would have to divide by sqrt(alpha_bar) = 0."""
+    train = noise_scheduler("v_prediction", zero_terminal_snr=True)
+    assert float(train.alphas_cumprod[-1]) < 1e-6  # zero terminal SNR (float32 rounding)
+    x0 = torch.rand(2, 3, 8, 8) * 2 - 1
+    noise = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    sampler = make_scheduler(name, train.config)
+    sampler.set_timesteps(5)
+    for t in sampler.timesteps[:2]:
+        if name == "dpm":  # DPM-Solver++ converts the model output to x0 before its update
+            t_batch = torch.full((2,), int(t))
+            v = train.get_velocity(x0, noise, t_batch)
+            xt = train.add_noise(x0, noise, t_batch)
+            sampler._step_index = list(sampler.timesteps).index(t)
+            estimate = sampler.convert_model_output(v, sample=xt)
+            tol = 1e-3 if int(t) == sampler.timesteps[0] else 1e-4
+        else:
+            t_batch = torch.full((2,), int(t))
+            v = train.get_velocity(x0, noise, t_batch)
+            xt = train.add_noise(x0, noise, t_batch)
+            estimate = sampler.step(v, t, xt).pred_original_sample
+            tol = 1e-4
+        assert torch.allclose(estimate, x0, atol=tol), (name, int(t))
+
+
+def test_epsilon_at_zero_snr_is_refused_and_weights():
+    with pytest.raises(ValueError, match="zero_terminal_snr needs prediction_type 'v_prediction'"):
+        tiny_config("unused", prediction_type="epsilon").validate()
+    snr = torch.tensor([0.0, 1.0, 4.0, 100.0])
+    v = loss_weight(snr, "v_prediction", 5.0)
+    assert v[0] == 1 and v[1] == 1  # the pure-noise step keeps its full weight
+    assert torch.allclose(v[3], torch.tensor(5 / 101))
+    assert torch.equal(loss_weight(snr, "v_prediction", 0.0), torch.ones(4))
+
+
+def test_fresh_batches_are_a_function_of_seed_and_step(tmp_path):
+    a = Trainer(tiny_config(tmp_path / "a", num_samples=0))
+    b = Trainer(tiny_config(tmp_path / "b", num_samples=0))
+    (x1, c1), (x2, c2) = a.batch(7), b.batch(7)
+    assert torch.equal(x1, x2) and c1 == c2
+    x3, c3 = a.batch(8)
+    assert not torch.equal(x1, x3)
+    assert x1.shape == (4, 3, 16, 16) and x1.min() >= -1 and x1.max() <= 1
+
+
+def test_fresh_scene_run_resumes_exactly(tmp_path):
+    cfg = dict(steps=6, num_samples=0, checkpoint_every=3, batch_size=4)
+    straight = Trainer(tiny_config(tmp_path / "a", **cfg))
+    straight.train(progress=False)
+    first = Trainer(tiny_config(tmp_path / "b", **{**cfg, "steps": 3}))
+    first.train(progress=False)
+    resumed = Trainer(tiny_config(tmp_path / "b", **cfg, resume=True))
+    assert resumed.step == 3
+    resumed.train(progress=False)
+    for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()):
+        assert torch.allclose(p, q, atol=1e-5)
+    words = json.loads((tmp_path / "b" / "pipeline" / "trained_words.json").read_text())
+    assert {"red", "circle", "left", "above"} <= set(words)
+
+
+def test_grain_zero_on_clean_scene_and_measured_on_noise():
+    scene = SceneSampler(seed=2).pair()
+    assert background_grain(scene.image, detect(scene.image)) == 0.0
+    rng = np.random.default_rng(0)
+    noisy = scene.image.astype(np.int16) + rng.integers(0, 11, scene.image.shape)  # uniform 0..10: mean 5
+    noisy = noisy.clip(0, 255).astype(np.uint8)
+    grain = background_grain(noisy, detect(scene.image))
+    assert 4.5 < grain < 5.5
+    assert background_grain(np.zeros((8, 8, 3), np.float32) + 0.5, []) == pytest.approx(127.5, abs=0.5)
+
+
+def _row(step, overall, minutes=None):
+    tasks = dict(single_object=0.5, two_object=0.5, colors=0.5, position=overall, color_attr=None)
+    return dict(step=step, images=step * 32, minutes=minutes, **tasks, overall=overall, grain=1.5,
+                shape_miou=0.4, shape_pointing=0.6)
+
+
+def test_scaling_report_writer(tmp_path):
+    rows = [_row(1000, 0.6, 20.0), _row(500, 0.4, 10.0), _row(1500, 0.55, 30.0)]
+    assert best_row(rows)["step"] == 1000
+    write_scaling(rows, tmp_path, "Scaling of test", "cpu (2 threads)")
+    saved = json.loads((tmp_path / "scaling.json").read_text())
+    assert [r["step"] for r in saved["rows"]] == [500, 1000, 1500] and saved["best_step"] == 1000
+    table = (tmp_path / "scaling.md").read_text()
+    assert "| 1000 | 32,000 | 20.0 |" in table and "**0.600**" in table and "| – |" in table
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="no snapshot rows"):
+        write_scaling([], tmp_path, "x", "cpu")
+
+
+def test_wall_minutes_adds_resumed_sessions(tmp_path):
+    (tmp_path / "loss.csv").write_text("1,0.5,60.0\n2,0.4,120.0\n3,0.3,30.0\n4,0.2,90.0\n")
+    assert wall_minutes(tmp_path, 2) == pytest.approx(2.0)
+    assert wall_minutes(tmp_path, 4) == pytest.approx(3.5)  # 120 s in the first session + 90 s in the second
+    assert wall_minutes(tmp_path, 9) is None
