@@ -34,6 +34,7 @@ from crossattn.capture import AttentionStore
 from crossattn.maps import NORMALIZATIONS, merge_words, token_maps
 from crossattn.overlay import overlay_grid, word_overlay
 from crossattn.text import dropped_words, prompt_words
+from crossattn.viewer import write_run_page
 
 from .pipeline import (  # noqa: F401 -- UsageError, load_pipeline, TRAINED_WORDS re-exported for old imports
     PRETRAINED,
@@ -408,6 +409,7 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
             "timings": {k: round(v, 3) for k, v in timings.items()}, "versions": _versions(),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        write_run_page(tmp, store, words, meta)  # index.html + viewer_data.js: the run in a browser
         return publish(tmp, final)
 
 

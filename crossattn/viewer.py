@@ -1,0 +1,156 @@
+"""Pages to inspect runs in a browser, offline: one `index.html` per run and a gallery of runs.
+
+A run page (`write_run_page`) shows the image large, one button per word, the word's map over the
+image (opacity slider, colour bar), the words ranked at the hovered pixel, and selectors for layer,
+head, timestep window and normalisation. It works opened from disk (file://): browsers do not let a
+file:// page fetch() files next to it, so the data sits in `viewer_data.js`, loaded by a <script> tag.
+
+What the page needs is saved per cross-attention layer and timestep window, heads kept apart, at the
+layer's own resolution: each word's share of every pixel's attention (its tokens summed), the mean
+over the forward passes in that window, as uint16 fixed point (value * 65535, so 1.5e-5 steps; shares
+are in [0, 1]). The page redoes what `crossattn.maps` does -- weight windows by their pass counts,
+average heads, upsample bilinearly (torch's align_corners=False), average layers, normalise -- so its
+maps equal those in maps.safetensors up to that rounding. Size: 2 bytes x images x heads x words x
+pixels x windows, summed over layers (README: "Inspect runs in a browser").
+
+`write_gallery(root)` writes root/index.html linking every run page found under root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .capture import AttentionStore
+from .text import Word
+
+TEMPLATES = Path(__file__).parent / "templates"
+RUN_PAGE, RUN_DATA, GALLERY_PAGE = "index.html", "viewer_data.js", "index.html"
+QUANT = 65535  # uint16 fixed point for shares in [0, 1]
+
+
+def _window_blocks(store: AttentionStore, layer: str) -> list[tuple[int, int, "np.ndarray"]]:
+    """(window, passes, weights summed over passes (B, heads, N, keys)) for each window `layer` was recorded in.
+
+    Reads `store.sums`/`store.counts` directly: the store has no per-window read method yet.
+    """
+    return sorted((window, store.counts[(name, window)], s.cpu().numpy())
+                  for (name, window), s in store.sums.items() if name == layer)
+
+
+def word_shares(weights: np.ndarray, words: list[Word]) -> np.ndarray:
+    """Attention weights (B, heads, N, keys) -> each word's share (B, heads, words, N), its tokens summed.
+
+    A word with no tokens (cut by --truncate) gets zeros."""
+    B, heads, N, _ = weights.shape
+    out = np.zeros((B, heads, len(words), N), dtype=np.float32)
+    for i, w in enumerate(words):
+        if w.tokens:
+            out[:, :, i] = weights[..., w.tokens].sum(axis=-1)
+    return out
+
+
+def run_page_data(store: AttentionStore, words: list[Word], meta: dict) -> dict:
+    """Everything the run page shows, as JSON-ready values: meta, words, windows and per-layer blocks."""
+    layers = []
+    for name in store.layers:
+        if not store.is_cross[name]:
+            continue
+        h, w = store.layer_shapes[name]
+        blocks = []
+        for window, passes, summed in _window_blocks(store, name):
+            shares = word_shares(summed / passes, words)  # (B, heads, words, h*w)
+            fixed = np.round(np.clip(shares, 0, 1) * QUANT).astype("<u2")
+            blocks.append({"window": window, "passes": passes, "data": base64.b64encode(fixed.tobytes()).decode()})
+            heads = shares.shape[1]
+        layers.append({"name": name, "h": h, "w": w, "heads": heads, "blocks": blocks})
+    step = store.num_train_timesteps / store.windows
+    windows = sorted({b["window"] for layer in layers for b in layer["blocks"]}, reverse=True)  # sampling order
+    return {
+        "format": 1, "quant": QUANT, "meta": meta, "words": [w.text for w in words],
+        "height": meta["height"], "width": meta["width"], "num_images": meta["num_images"],
+        "normalize": meta["normalize"], "layers": layers,
+        "windows": [{"index": k, "lo": round(k * step), "hi": round((k + 1) * step) - 1} for k in windows],
+    }
+
+
+def write_run_page(folder: Path, store: AttentionStore, words: list[Word], meta: dict) -> Path:
+    """Write folder/index.html and folder/viewer_data.js for a run folder; returns the page's path."""
+    folder = Path(folder)
+    data = run_page_data(store, words, meta)
+    (folder / RUN_DATA).write_text("window.CROSSATTN_RUN = " + json.dumps(data, separators=(",", ":")) + ";\n")
+    page = (TEMPLATES / "run.html").read_text().replace("{{title}}", html.escape(meta["prompt"]))
+    (folder / RUN_PAGE).write_text(page)
+    return folder / RUN_PAGE
+
+
+# --- gallery
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run folders (holding meta.json) under `root`, newest first; half-written `.partial-*` folders skipped."""
+    runs = [p.parent for p in Path(root).rglob("meta.json")
+            if not any(part.startswith(".partial-") for part in p.relative_to(root).parts)]
+    return sorted(runs, key=lambda p: (-(p / "meta.json").stat().st_mtime, str(p)))
+
+
+def _card(root: Path, run: Path) -> str:
+    meta = json.loads((run / "meta.json").read_text())
+    rel = run.relative_to(root).as_posix()
+    esc = html.escape
+    has_page = (run / RUN_PAGE).exists()
+    link = f"{rel}/{RUN_PAGE}" if has_page else f"{rel}/"
+    thumb = f"{rel}/{meta['images'][0]}" if meta.get("images") else ""
+    written = time.strftime("%Y-%m-%d %H:%M", time.localtime((run / "meta.json").stat().st_mtime))
+    note = "" if has_page else '<p class="note">no page (older run): links to the folder</p>'
+    return (f'<a class="card" href="{esc(link)}" data-prompt="{esc(meta.get("prompt", ""))}">'
+            f'<img src="{esc(thumb)}" alt="{esc(meta.get("prompt", ""))}">'
+            f'<p class="prompt">{esc(meta.get("prompt", "?"))}</p>'
+            f'<p>seed {esc(str(meta.get("seed", "?")))} · {esc(str(meta.get("steps", "?")))} steps · '
+            f'guidance {esc(str(meta.get("guidance", "?")))} · {esc(str(meta.get("num_images", 1)))} image(s)</p>'
+            f'<p class="model">{esc(str(meta.get("model", "?")))}</p><p class="date">{written} · {esc(rel)}</p>'
+            f"{note}</a>")
+
+
+def write_gallery(root: Path) -> Path:
+    """Write root/index.html with a card per run under root; replaces the previous gallery."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a folder")
+    if (root / "meta.json").exists():
+        raise UsageError(f"{root} is a run folder (its index.html is the run page); give the folder above it")
+    runs = find_runs(root)
+    if not runs:
+        raise UsageError(f"no runs under {root}: no folder there holds a meta.json (written by scripts/generate.py)")
+    page = (TEMPLATES / "gallery.html").read_text()
+    page = page.replace("{{title}}", html.escape(root.resolve().name)).replace("{{count}}", str(len(runs)))
+    page = page.replace("{{cards}}", "\n".join(_card(root, run) for run in runs))
+    target, tmp = root / GALLERY_PAGE, root / f".{GALLERY_PAGE}.tmp"
+    tmp.write_text(page)
+    os.replace(tmp, target)  # a browser reloading mid-write sees the old or the new page, never half of one
+    return target
+
+
+def gallery_main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gallery.py", description="Write DIR/index.html: a gallery of the runs "
+                                "(folders written by scripts/generate.py) under DIR, linking each run's page.")
+    p.add_argument("dir", help="folder holding run folders, e.g. outputs/")
+    args = p.parse_args(argv)
+    try:
+        page = write_gallery(Path(args.dir))
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(page)
+    return 0
