@@ -282,7 +282,7 @@ class Controller:
         self.reweight, self.edit, self.excite = reweight, edit, excite
         self.recording = Recording() if record else None
         self.num_train_timesteps = num_train_timesteps
-        self.guided = False  # set by before_step: True when the batch is [uncond, cond]
+        self.guided = False  # learned at every model call, as AttentionStore does: [uncond, cond] halves
         self.hiding = False  # True during attend-and-excite's own forward passes
         self.excite_log: list[dict] = []
         self._names: dict[int, str] = {}
@@ -351,6 +351,8 @@ class Controller:
         timestep = args[1] if len(args) > 1 else kwargs["timestep"]
         self._image_hw = tuple(sample.shape[-2:])
         self._timestep = float(torch.as_tensor(timestep).reshape(-1)[0])
+        B = sample.shape[0]  # guided pipelines feed the same latents twice (see AttentionStore._before_model)
+        self.guided = B % 2 == 0 and torch.equal(sample[:B // 2], sample[B // 2:])
 
     def progress(self, timestep: float) -> float:
         """Share of the run done at `timestep`: 0 at t = T - 1 (pure noise), near 1 at t = 0."""
@@ -442,14 +444,14 @@ class Controller:
     # --- the sampling loop's hooks (ScenePipeline)
     def before_step(self, pipe, t, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """Called with the latent (B, C, H, W) before the model sees it; returns the latent to use."""
-        self.guided = context.shape[0] == 2 * x.shape[0]
+        guided = context.shape[0] == 2 * x.shape[0]
         timesteps = pipe.scheduler.timesteps
         if float(t) == float(timesteps[0]):  # a new run
             self.excite_log, self._blend_sums = [], [None, None]
         if self.excite is None:
             return x
         step = int((timesteps == t).nonzero()[0])
-        return self._excite_step(pipe, step, len(timesteps), t, x, context[x.shape[0]:] if self.guided else context)
+        return self._excite_step(pipe, step, len(timesteps), t, x, context[x.shape[0]:] if guided else context)
 
     def after_step(self, pipe, t, x: torch.Tensor) -> torch.Tensor:
         """Called with the latent after the scheduler step at timestep `t`; returns the latent to keep."""

@@ -5,8 +5,16 @@ import torch
 from diffusers import UNet2DConditionModel
 
 from crossattn.capture import AttentionStore
-from crossattn.control import (Controller, Edit, Excite, Reweight, align_prompts, gaussian_smooth, parse_weights,
-                               word_positions)
+from crossattn.control import (
+    Controller,
+    Edit,
+    Excite,
+    Reweight,
+    align_prompts,
+    gaussian_smooth,
+    parse_weights,
+    word_positions,
+)
 from crossattn.text import prompt_words
 
 PROMPT = "a red circle left of a blue square"
@@ -218,3 +226,53 @@ def test_control_processors_on_a_diffusers_unet(tiny_pipeline):
     with store.attach(unet), Controller(Reweight({2: 4.0})).attach(unet):
         assert torch.allclose(forward(), results["up"], atol=1e-6)
     assert store.layers and all(n.endswith("attn2") for n in store.layers)
+
+
+def cli(tiny_pipeline_dir, out, *args):
+    from unet.generate import main
+    return main([*args, "--model", str(tiny_pipeline_dir), "--out", str(out), "--steps", "3", "--quiet"])
+
+
+def test_cli_writes_plain_and_steered_side_by_side(tiny_pipeline_dir, tmp_path, capsys):
+    import json
+
+    from PIL import Image
+    from safetensors.torch import load_file
+    rc = cli(tiny_pipeline_dir, tmp_path, "a red circle left of a blue square", "--reweight", "red=2", "--excite",
+             "--edit", "a red square left of a blue square", "--local-blend", "--num-images", "2")
+    assert rc == 0, capsys.readouterr().err
+    (folder,) = list(tmp_path.iterdir())
+    meta = json.loads((folder / "meta.json").read_text())
+    control = meta["control"]
+    assert meta["prompt"] == "a red circle left of a blue square"  # the plain run is untouched
+    assert control["prompt"] == "a red square left of a blue square" and control["reweight"] == {"red": 2.0}
+    assert control["excite"] == ["square"] and control["excite_log"][0]["step"] == 0  # the object words
+    assert control["local_blend"] and control["cross_replace_steps"] == 0.8
+    assert control["timings"]["sampling_s"] > 0 and control["timings"]["record_source_s"] > 0
+    assert control["images"] == ["steered/image_0.png", "steered/image_1.png"]
+    assert all((folder / name).exists() for name in control["images"])
+    assert load_file(str(folder / "steered" / "maps.safetensors"))["2_square"].shape == (2, 16, 16)
+    plain, steered = Image.open(folder / "overlay.png"), Image.open(folder / "steered" / "overlay.png")
+    assert Image.open(folder / "compare.png").width > plain.width + steered.width - 100  # side by side
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+    assert str(folder / "compare.png") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["a red circle", "--reweight", "blue=2"], "--reweight: ['blue'] not in the prompt"),
+    (["a red circle", "--reweight", "red=nan"], "'red=nan': expected WORD=NUMBER with a finite number"),
+    (["a red circle", "--reweight", "red=lots"], "expected WORD=NUMBER"),
+    (["a red circle", "--excite", "cat"], "--excite: ['cat'] not in the prompt"),
+    (["a red a", "--excite"], "has no object word"),
+    (["a red circle", "--edit", "a big blue circle"], "cannot align the edit"),
+    (["a red circle", "a blue square", "--edit", "a red square"], "--edit takes exactly one prompt"),
+    (["a red circle", "--local-blend"], "--local-blend needs --edit"),
+    (["a red circle", "--edit", "a red square", "--cross-replace-steps", "2"], "--cross-replace-steps must be"),
+    (["a red circle", "--edit", "a red square", "--reweight", "circle=2"], "--reweight: ['circle'] not in"),
+])
+def test_cli_bad_steering_input_exits_2_and_writes_nothing(tiny_pipeline_dir, tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    assert cli(tiny_pipeline_dir, out, *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and err.startswith("error:") and len(err.splitlines()) == 1, err
+    assert not out.exists()

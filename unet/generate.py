@@ -46,6 +46,7 @@ from .pipeline import (  # noqa: F401 -- UsageError, load_pipeline, TRAINED_WORD
     make_scheduler,
     shorten,
 )
+from .steer import add_steering_args, plan_steering, steer_one
 
 PARTIAL = ".partial-"  # prefix of the hidden folder a result is written into before it is renamed into place
 
@@ -438,6 +439,7 @@ def parse_args(argv=None):
     p.add_argument("--truncate", action="store_true", help="accept prompts longer than the tokenizer allows")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder of the same name")
     p.add_argument("--quiet", action="store_true", help="no progress or loading bars")
+    add_steering_args(p)  # --reweight, --excite, --edit: a steered run beside the plain one
     return p.parse_args(argv)
 
 
@@ -453,6 +455,8 @@ def main(argv=None) -> int:
             pipe = load_pipeline(args.model, args.scheduler, args.device, show_progress=not args.quiet)
             check_model_settings(pipe, settings)
             notes = [n for prompt in args.prompts for n in check_prompt(pipe, prompt, settings, args.words)]
+            notes += check_prompt(pipe, args.edit, settings, None) if args.edit is not None else []
+            plan = plan_steering(pipe, args)
         except UsageError as e:
             return usage_error(e)
         except KeyboardInterrupt as e:
@@ -465,6 +469,8 @@ def main(argv=None) -> int:
                 folder = generate_one(pipe, prompt, settings, Path(args.out), model_name, args.words, args.overwrite,
                                       show_progress=not args.quiet)
                 print(folder)
+                if plan is not None:
+                    print(steer_one(pipe, plan, prompt, settings, folder, show_progress=not args.quiet) / "compare.png")
         except KeyboardInterrupt as e:
             return interrupted(e, "no half-written folder left; the folders printed above are complete")
     return 0
