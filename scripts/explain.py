@@ -44,9 +44,9 @@ def run(args) -> list[Path]:
         print(f"'{word}' looks back most to (last layer): {top}")
         return [out / "text_attention.png", out / "positions.png"]
     store = AttentionStore(self_attention=args.what == "pixel")
-    with store.attach(pipe.unet):
-        image = pipe(prompt, generator=torch.Generator().manual_seed(args.seed), output_type="np",
-                     attention_store=store, show_progress=False).images[0]
+    pipe.set_progress_bar_config(disable=True)  # the same call for ours and diffusers' SD/SDXL pipelines
+    with store.attach(pipe.unet):  # under guidance the store keeps the prompt half by itself
+        image = pipe(prompt, generator=torch.Generator().manual_seed(args.seed), output_type="np").images[0]
     image = (image * 255).round().astype(np.uint8)
     size = image.shape[:2]
     if args.what == "heads":

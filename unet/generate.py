@@ -193,6 +193,20 @@ def unseen_words(pipe, words: list[str]) -> list[str]:
     return [w for w in words if re.sub(r"\W", "", w.lower()) not in pipe.trained_words]
 
 
+def check_tokenizers_agree(pipe, prompt: str) -> None:
+    """SDXL's context is its two text encoders' hidden states side by side, position by position, and a
+    word's positions come from the first tokenizer: the second must split the prompt the same way
+    (real SDXL's do: one CLIP vocabulary, only the padding token differs)."""
+    second = getattr(pipe, "tokenizer_2", None)
+    if second is None:
+        return
+    first_words, second_words = prompt_words(pipe.tokenizer, prompt), prompt_words(second, prompt)
+    if [w.tokens for w in first_words] != [w.tokens for w in second_words]:
+        raise UsageError(f"tokenizer and tokenizer_2 of this model split the prompt differently "
+                         f"({[w.tokens for w in first_words]} vs {[w.tokens for w in second_words]} token positions "
+                         "per word), so a word's map would mix tokens of different words")
+
+
 def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None) -> list[str]:
     """Validate one prompt; returns warnings. Raises UsageError naming the problem."""
     if not prompt.strip():
@@ -203,6 +217,7 @@ def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None)
                          f"words would be dropped: {shorten(' '.join(cut), 200)} (shorten it, or pass --truncate "
                          "to accept)")
     prompt_list = [w.text for w in prompt_words(pipe.tokenizer, prompt)]
+    check_tokenizers_agree(pipe, prompt)
     missing = [w for w in words or [] if w not in prompt_list]
     if missing:
         raise UsageError(f"--words {shorten(repr(missing), 200)} not in the prompt; its words are: "
