@@ -29,6 +29,11 @@ def main(argv=None) -> int:
     p.add_argument("--dataset-timestep", type=int, default=300)
     p.add_argument("--quick", action="store_true", help="3 prompts per task, fewer seeds")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--control", choices=["excite", "reweight", "edit"], default=None,
+                   help="measure one steering control instead: with and without it on the same prompts and seeds "
+                        "(unet/evaluate_control.py)")
+    p.add_argument("--reweight-factor", type=float, default=2.0,
+                   help="--control reweight: factor on the colour and shape words (default 2)")
     args = p.parse_args(argv)
     seeds = args.seeds or (2 if args.quick else 8)
     if seeds < 1 or args.steps < 1:
@@ -40,6 +45,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     torch.manual_seed(0)
+    if args.control is not None:
+        from unet.evaluate_control import main as control_main
+        return control_main(pipe, args, seeds)
     report, records, batches, selection = run_evaluation(
         pipe, seeds=seeds, steps=args.steps, guidance=args.guidance,
         dataset_images=args.dataset_images or (32 if args.quick else 128),

@@ -276,3 +276,44 @@ def test_cli_bad_steering_input_exits_2_and_writes_nothing(tiny_pipeline_dir, tm
     err = capsys.readouterr().err.strip()
     assert message in err and err.startswith("error:") and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("control", ["excite", "reweight", "edit"])
+def test_evaluate_control_reports_with_and_without(tiny_pipeline_dir, tmp_path, control, capsys):
+    import json
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from evaluate import main as evaluate_main
+    out = tmp_path / control
+    rc = evaluate_main(["--control", control, "--quick", "--seeds", "1", "--steps", "2", "--model",
+                        str(tiny_pipeline_dir), "--out", str(out), "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "before_after.png").exists() and "| " in (out / "report.md").read_text()
+    if control == "edit":
+        assert report["swaps"] == 6 and 0 <= report["images"] <= 6
+        assert set(report["seconds_per_image"]) == {"source", "replayed", "edited_alone"}
+    else:
+        assert sorted(report["tasks"]) == sorted(["single_object", "two_object", "colors", "position", "color_attr"])
+        assert all(r["images"] == 2 for r in report["tasks"].values())  # 2 prompts x 1 seed per task
+        assert 0 <= report["overall_plain"] <= 1 and 0 <= report["overall_steered"] <= 1
+        assert report["seconds_per_image_steered"] > 0 and report["seconds_per_image_plain"] > 0
+    assert "report:" in capsys.readouterr().out
+
+
+def test_swap_edits_and_verdicts():
+    from unet.detect import Detection
+    from unet.evaluate import EvalPrompt
+    from unet.evaluate_control import swap_edits, swap_succeeded
+    p = EvalPrompt("color_attr", "a red circle and a blue square", [("red", "circle"), ("blue", "square")])
+    assert [e[3] for e in swap_edits([p])] == ["a red triangle and a blue square", "a red circle and a blue triangle"]
+
+    def det(color, shape, x):
+        return Detection(color, shape, (x, 10.0), (0, 0, 1, 1), None)
+    source = [det("red", "circle", 5.0), det("blue", "square", 20.0)]
+    assert swap_succeeded(source, 0, "triangle", [det("red", "triangle", 6.0), det("blue", "square", 21.0)], 3.0)["ok"]
+    moved = swap_succeeded(source, 0, "triangle", [det("red", "triangle", 6.0), det("blue", "square", 25.0)], 3.0)
+    assert moved == {"changed": True, "kept": False, "ok": False}
+    unchanged = swap_succeeded(source, 0, "triangle", source, 3.0)
+    assert unchanged == {"changed": False, "kept": True, "ok": False}

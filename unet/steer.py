@@ -154,10 +154,11 @@ def sample(pipe, prompt: str, settings, controller: Controller | None = None, st
 
 
 def record_source(pipe, prompt: str, settings, show_progress: bool = False):
-    """Sample the plain prompt again with a recorder: the edit replays this (same seed, same images)."""
+    """(images, recording): the plain prompt sampled with a recorder; an edit replays the recording (same
+    seed, same images as the plain run)."""
     recorder = Controller(record=True, num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
-    sample(pipe, prompt, settings, recorder, show_progress=show_progress)
-    return recorder.recording
+    images = sample(pipe, prompt, settings, recorder, show_progress=show_progress)
+    return images, recorder.recording
 
 
 def describe(plan: SteeringPlan, prompt: str, steered_words) -> str:
@@ -178,7 +179,7 @@ def steer_one(pipe, plan: SteeringPlan, prompt: str, settings, folder: Path, sho
     recording = None
     t0 = time.perf_counter()
     if plan.edit is not None:
-        recording = record_source(pipe, prompt, settings, show_progress)
+        recording = record_source(pipe, prompt, settings, show_progress)[1]
         timings["record_source_s"] = time.perf_counter() - t0
     controller = build_controller(pipe, plan, prompt, recording)
     steered = plan.steered_prompt(prompt)
