@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import torch
 
-THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # fractions of the map's own maximum
+THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # fractions of the map's own maximum (or range)
+# "peak": heat >= threshold * max(heat) (ours); "minmax": DAAM's rule, the map rescaled by
+# (x - min) / (max - min + 1e-8) (its `expand_as`), then > threshold.
+THRESHOLD_RULES = ("peak", "minmax")
 
 
-def iou(heat: torch.Tensor, mask: torch.Tensor, threshold: float) -> float:
-    """IoU of {heat >= threshold * max(heat)} with the boolean `mask` (both (H, W))."""
-    peak = heat.max()
-    region = heat >= threshold * peak if peak > 0 else torch.ones_like(mask)
-    union = (region | mask).sum().item()
-    return (region & mask).sum().item() / union if union else 0.0
+def region(heat: torch.Tensor, threshold: float, rule: str = "peak") -> torch.Tensor:
+    """The boolean (H, W) region a map `heat` marks at `threshold` under `rule` (see THRESHOLD_RULES)."""
+    if rule == "peak":
+        peak = heat.max()
+        return heat >= threshold * peak if peak > 0 else torch.ones_like(heat, dtype=torch.bool)
+    if rule == "minmax":
+        lo, hi = heat.min(), heat.max()
+        return (heat - lo) / (hi - lo + 1e-8) > threshold
+    raise ValueError(f"threshold rule must be one of {THRESHOLD_RULES}, got {rule!r}")
+
+
+def iou(heat: torch.Tensor, mask: torch.Tensor, threshold: float, rule: str = "peak") -> float:
+    """IoU of the map's region at `threshold` (see `region`) with the boolean `mask` (both (H, W))."""
+    marked = region(heat, threshold, rule)
+    union = (marked | mask).sum().item()
+    return (marked & mask).sum().item() / union if union else 0.0
 
 
 def pointing(heat: torch.Tensor, mask: torch.Tensor) -> float:
@@ -28,14 +41,15 @@ def mass(heat: torch.Tensor, mask: torch.Tensor) -> float:
     return heat[mask].sum().item() / total if total > 0 else 0.0
 
 
-def score_maps(pairs: list[tuple[torch.Tensor, torch.Tensor]], threshold: float) -> dict:
-    """Mean IoU at `threshold`, pointing-game hit rate and mass over (map, mask) pairs, plus the IoU sweep."""
+def score_maps(pairs: list[tuple[torch.Tensor, torch.Tensor]], threshold: float, rule: str = "peak") -> dict:
+    """Mean IoU at `threshold` (under threshold `rule`), pointing-game hit rate and mass over (map, mask)
+    pairs, plus the IoU sweep."""
     if not pairs:
         return {"n": 0, "miou": None, "pointing": None, "mass": None, "sweep": {}}
-    sweep = {t: sum(iou(h, m, t) for h, m in pairs) / len(pairs) for t in THRESHOLDS}
+    sweep = {t: sum(iou(h, m, t, rule) for h, m in pairs) / len(pairs) for t in THRESHOLDS}
     return {
         "n": len(pairs),
-        "miou": sum(iou(h, m, threshold) for h, m in pairs) / len(pairs),
+        "miou": sum(iou(h, m, threshold, rule) for h, m in pairs) / len(pairs),
         "pointing": sum(pointing(h, m) for h, m in pairs) / len(pairs),
         "mass": sum(mass(h, m) for h, m in pairs) / len(pairs),
         "sweep": {f"{t:.1f}": v for t, v in sweep.items()},

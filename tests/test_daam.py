@@ -24,6 +24,7 @@ from crossattn.maps import (
     daam_summed_maps,
     daam_word_maps,
 )
+from crossattn.metrics import iou, region, score_maps
 from crossattn.text import Word, prompt_words
 
 DATA = Path(__file__).parent / "data" / "daam"
@@ -137,3 +138,39 @@ def test_our_capture_on_the_reference_pipeline_gives_daams_maps():
     for word, got in zip(words, daam_word_maps(heat, words, merge_repeats=False)):
         expected = np.load(RUN / "token_idx" / f"{word.index:02d}_{word.text}.npy")
         assert np.abs(got.numpy() - expected).max() <= 1e-4, word.text
+
+
+def test_daams_threshold_rule_rescales_by_the_range():
+    mask = torch.zeros(8, 8, dtype=torch.bool)
+    mask[2:5, 2:5] = True
+    heat = torch.full((8, 8), 0.8)
+    heat[mask] = 1.0  # a high floor: 0.5 of the peak keeps everything, 0.5 of the range only the object
+    assert iou(heat, mask, 0.5, "minmax") == 1.0
+    assert iou(heat, mask, 0.5, "peak") == pytest.approx(9 / 64)
+    assert score_maps([(heat, mask)], 0.5, "minmax")["sweep"]["0.8"] == 1.0
+    with pytest.raises(ValueError, match="minmax"):
+        region(heat, 0.5, "range")
+
+
+def test_evaluation_daam_baseline_is_daams_recipe(tiny_pipeline):
+    from unet.evaluate import THRESHOLD_RULE, Batch, map_scores, method_maps
+    store = AttentionStore(num_train_timesteps=tiny_pipeline.scheduler.config.num_train_timesteps)
+    with store.attach(tiny_pipeline.unet):
+        tiny_pipeline(["a red circle", "a blue square"], num_inference_steps=2, output_type="np",
+                      generator=torch.Generator().manual_seed(0), show_progress=False)
+    size = (tiny_pipeline.unet.config.sample_size,) * 2
+    maps = method_maps("daam", store, size)
+    assert maps.shape == (2, store.keys(daam_layers(store)[0]), *size)
+    assert torch.allclose(maps, daam_heat_maps(store, daam_grid(tiny_pipeline)))
+    middle = [n for n in store.layers if store.is_cross[n] and n.startswith("mid")]
+    assert middle and not set(middle) & set(daam_layers(store))
+    for key in [k for k in store.sums if k[0] in middle]:
+        store.sums[key] = torch.rand_like(store.sums[key])  # DAAM never reads the middle block
+    assert torch.equal(method_maps("daam", store, size), maps)
+    mask = np.zeros(size, bool)
+    mask[: size[0] // 2] = True
+    batch = Batch(store, [(0, "circle", [3], mask), (1, "square", [3], mask)])
+    scores = map_scores([batch], size, {"daam": (None, 0.4)})["daam"]
+    assert THRESHOLD_RULE["daam"] == scores["threshold_rule"] == "minmax"
+    expected = np.mean([iou(maps[b, 3], torch.as_tensor(mask), 0.4, "minmax") for b in range(2)])
+    assert scores["shape_words"]["miou"] == pytest.approx(expected)

@@ -43,7 +43,8 @@ def markdown(report: dict, title: str) -> str:
         for name, r in rows:
             sh, co = r["shape_words"], r["color_words"]
             lines.append(f"| {name} | {_fmt(sh['miou'])} | {_fmt(sh['pointing'])} | {_fmt(sh['mass'])} | "
-                         f"{_fmt(co['miou'])} | {_fmt(co['pointing'])} | {_fmt(co['mass'])} | {r['threshold']} | "
+                         f"{_fmt(co['miou'])} | {_fmt(co['pointing'])} | {_fmt(co['mass'])} | {r['threshold']}"
+                         f"{' (min-max)' if r.get('threshold_rule') == 'minmax' else ''} | "
                          f"{sh['n']}/{co['n']} |")
         lines.append("")
     sweep = report["maps"]["shape_words"]["sweep"]

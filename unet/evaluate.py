@@ -18,7 +18,7 @@ from diffusers import DDPMScheduler
 from scipy import ndimage
 
 from crossattn.capture import AttentionStore
-from crossattn.maps import token_maps
+from crossattn.maps import daam_heat_maps, token_maps
 from crossattn.metrics import THRESHOLDS, score_maps
 from crossattn.text import prompt_words
 
@@ -27,6 +27,7 @@ from .detect import Detection, detect, relative_position
 
 TASKS = ("single_object", "two_object", "colors", "position", "color_attr")
 BASELINES = ("uniform", "centre", "random_layer", "daam")
+THRESHOLD_RULE = {"daam": "minmax"}  # DAAM thresholds its min-max-rescaled map; every other method: the peak
 
 
 @dataclass
@@ -109,8 +110,11 @@ def method_maps(name: str, store: AttentionStore, size, select: dict | None = No
         return centre_prior(B, T, size)
     if name == "random_layer":
         return token_maps(store, size, layers=[random.Random(seed).choice(sorted(layers))])
-    if name == "daam":  # all cross-attention layers, heads and timesteps averaged, bicubic upsampling
-        return token_maps(store, size, mode="bicubic")
+    if name == "daam":
+        # DAAM 0.2.0's recipe; in pixel space its grid is the image (`daam_grid`). `_pairs_for` sums a word's
+        # tokens where DAAM averages them: the same here, since the min-max threshold, pointing and mass
+        # ignore scale (and every scene word is one token).
+        return daam_heat_maps(store, size)
     if name == "ours":
         return token_maps(store, size, **(select or {}))
     raise ValueError(f"unknown map method {name!r}")
@@ -206,10 +210,10 @@ def collect(batches: list[Batch], method: str, size, select=None) -> dict[str, l
     return pairs
 
 
-def best_threshold(pairs) -> float:
+def best_threshold(pairs, rule: str = "peak") -> float:
     if not pairs:
         return 0.5
-    sweep = score_maps(pairs, 0.5)["sweep"]
+    sweep = score_maps(pairs, 0.5, rule)["sweep"]
     return float(max(sweep, key=sweep.get))
 
 
@@ -248,8 +252,9 @@ def map_scores(batches, size, methods: dict[str, tuple[dict | None, float]]) -> 
     for name, (select, threshold) in methods.items():
         method = "ours" if name == "ours" else name
         pairs = collect(batches, method, size, select)
-        out[name] = {kind: score_maps(p, threshold) for kind, p in pairs.items()}
-        out[name]["threshold"] = threshold
+        rule = THRESHOLD_RULE.get(name, "peak")
+        out[name] = {kind: score_maps(p, threshold, rule) for kind, p in pairs.items()}
+        out[name]["threshold"], out[name]["threshold_rule"] = threshold, rule
     return out
 
 
@@ -271,7 +276,8 @@ def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float = 4.0,
     selection_name, selection, threshold = choose_selection(select_batches, size)
     methods = {"ours": (selection, threshold)}
     for name in BASELINES:
-        methods[name] = (None, best_threshold(collect(select_batches, name, size)["shape_words"]))
+        methods[name] = (None, best_threshold(collect(select_batches, name, size)["shape_words"],
+                                              THRESHOLD_RULE.get(name, "peak")))
     generated = map_scores(batches, size, methods)
     data_batch = dataset_batch(pipe, dataset_images, dataset_timestep)
     # one denoising step: the timestep filter of 'ours' does not apply; keep its layer choice
