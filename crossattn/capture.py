@@ -30,6 +30,19 @@ def layer_hw(num_queries: int, image_hw: tuple[int, int]) -> tuple[int, int]:
     raise ValueError(f"cannot place {num_queries} queries on a downsampled {H}x{W} grid")
 
 
+def guided_batch(sample: torch.Tensor) -> bool:
+    """Whether a denoiser's input batch `sample` (B, C, H, W) is classifier-free guidance's [uncond, cond].
+
+    Every guided pipeline (ours; diffusers' SD 1.x/2.x and SDXL: `torch.cat([latents] * 2)`) feeds
+    the same latents twice, so the two halves are bit-identical; without guidance each image has its
+    own noise and they differ. The text side cannot tell: two prompts without guidance also differ
+    half to half, and SDXL's zeroed negative prompt is just another context. Hooking the pipeline
+    instead would need one hook per pipeline class and would miss direct calls of the model.
+    """
+    B = sample.shape[0]
+    return B % 2 == 0 and torch.equal(sample[:B // 2], sample[B // 2:])
+
+
 class AttentionStore:
     """Running sums of attention weights, per layer and timestep window.
 
@@ -119,14 +132,7 @@ class AttentionStore:
         timestep = args[1] if len(args) > 1 else kwargs["timestep"]
         self._image_hw = tuple(sample.shape[-2:])
         self._timestep = float(torch.as_tensor(timestep).reshape(-1)[0])
-        # Classifier-free guidance, detected from the model's own input, not told by a caller: every
-        # guided pipeline (ours; diffusers' SD 1.x/2.x and SDXL: `torch.cat([latents] * 2)`) feeds the
-        # same latents twice, [uncond, cond], so the two halves of `sample` are bit-identical. Without
-        # guidance each image has its own noise and the halves differ. The text side cannot tell this:
-        # two prompts without guidance also differ half to half, and SDXL's zeroed negative prompt is
-        # just another context. Hooking the pipeline would need one hook per pipeline class.
-        B = sample.shape[0]
-        self.guided = B % 2 == 0 and torch.equal(sample[:B // 2], sample[B // 2:])
+        self.guided = guided_batch(sample)  # classifier-free guidance, seen in the input, told by no one
         if not 0 <= self._timestep <= self.num_train_timesteps:  # windows would silently clamp
             raise ValueError(f"timestep {self._timestep:g} is outside [0, {self.num_train_timesteps}]: create the "
                              "store with num_train_timesteps=<the scheduler's config.num_train_timesteps>")

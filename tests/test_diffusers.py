@@ -20,7 +20,7 @@ from diffusers import (
 from safetensors.torch import load_file
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-from crossattn.capture import AttentionStore
+from crossattn.capture import AttentionStore, guided_batch
 from crossattn.maps import word_maps
 from crossattn.text import build_vocabulary, prompt_words
 from unet.generate import main as generate_main
@@ -110,6 +110,12 @@ def test_capture_on_gives_the_same_images_as_capture_off(pipes, kind, size):
     assert maps.shape == (6, *size) and torch.isfinite(maps).all() and (maps >= 0).all()
     if size == SQUARE:  # detached: the default processors again, bit for bit
         assert np.array_equal(sample(pipe, size), expected)
+
+
+def test_guided_batch_is_two_identical_halves():
+    x = torch.randn(3, 4, 8, 8)
+    assert guided_batch(torch.cat([x, x])) and guided_batch(torch.cat([x[:1], x[:1]]))
+    assert not guided_batch(x[:2]) and not guided_batch(x) and not guided_batch(torch.cat([x, x + 1e-6]))
 
 
 def _second_half(value, batch: int):
