@@ -37,13 +37,15 @@ RUN_PAGE, RUN_DATA, GALLERY_PAGE = "index.html", "viewer_data.js", "index.html"
 QUANT = 65535  # uint16 fixed point for shares in [0, 1]
 
 
-def _window_blocks(store: AttentionStore, layer: str) -> list[tuple[int, int, "np.ndarray"]]:
-    """(window, passes, weights summed over passes (B, heads, N, keys)) for each window `layer` was recorded in.
+def _window_mean(store: AttentionStore, layer: str, window: int) -> tuple[np.ndarray, int]:
+    """`layer`'s weights in one timestep window, heads apart, averaged over its passes: (B, heads, N, keys),
+    and the number of passes.
 
-    Reads `store.sums`/`store.counts` directly: the store has no per-window read method yet.
+    Reads `store.sums`/`store.counts`: the store's read methods average heads (`mean`) or count passes
+    over all windows (`passes`), and the page needs both per window.
     """
-    return sorted((window, store.counts[(name, window)], s.cpu().numpy())
-                  for (name, window), s in store.sums.items() if name == layer)
+    key = (layer, window)
+    return (store.sums[key] / store.counts[key]).cpu().numpy(), store.counts[key]
 
 
 def word_shares(weights: np.ndarray, words: list[Word]) -> np.ndarray:
@@ -66,19 +68,19 @@ def run_page_data(store: AttentionStore, words: list[Word], meta: dict) -> dict:
             continue
         h, w = store.layer_shapes[name]
         blocks = []
-        for window, passes, summed in _window_blocks(store, name):
-            shares = word_shares(summed / passes, words)  # (B, heads, words, h*w)
+        for window in store.recorded_windows(name):
+            mean, passes = _window_mean(store, name, window)
+            shares = word_shares(mean, words)  # (B, heads, words, h*w)
             fixed = np.round(np.clip(shares, 0, 1) * QUANT).astype("<u2")
             blocks.append({"window": window, "passes": passes, "data": base64.b64encode(fixed.tobytes()).decode()})
-            heads = shares.shape[1]
-        layers.append({"name": name, "h": h, "w": w, "heads": heads, "blocks": blocks})
-    step = store.num_train_timesteps / store.windows
+        layers.append({"name": name, "h": h, "w": w, "heads": store.heads(name), "blocks": blocks})
     windows = sorted({b["window"] for layer in layers for b in layer["blocks"]}, reverse=True)  # sampling order
     return {
         "format": 1, "quant": QUANT, "meta": meta, "words": [w.text for w in words],
         "height": meta["height"], "width": meta["width"], "num_images": meta["num_images"],
         "normalize": meta["normalize"], "layers": layers,
-        "windows": [{"index": k, "lo": round(k * step), "hi": round((k + 1) * step) - 1} for k in windows],
+        "windows": [{"index": k, "lo": round(store.window_range(k)[0]), "hi": round(store.window_range(k)[1]) - 1}
+                    for k in windows],
     }
 
 
