@@ -113,3 +113,21 @@ def test_wall_minutes_adds_resumed_sessions(tmp_path):
     assert wall_minutes(tmp_path, 2) == pytest.approx(2.0)
     assert wall_minutes(tmp_path, 4) == pytest.approx(3.5)  # 120 s in the first session + 90 s in the second
     assert wall_minutes(tmp_path, 9) is None
+
+
+def test_ablation_text_sides(tmp_path):
+    """The oracle resolves each object's side from the relation; the bidirectional encoder lets the first
+    object's tokens see what follows, which CLIP's causal mask forbids."""
+    from unet.ablation import SIDE_IDS, BidirectionalText, token_roles
+    from unet.train import build_components
+    roles = token_roles("a red circle right of a blue square".split())
+    assert roles[1] == (1, SIDE_IDS["right"]) and roles[7] == (2, SIDE_IDS["left"]) and roles[3] == (0, 0)
+    assert token_roles("a green triangle on the top".split())[2] == (1, SIDE_IDS["top"])
+    _, clip, _ = build_components(tiny_config(tmp_path), tmp_path)
+    ids = torch.tensor([[1, 5, 6, 7, 2]])
+    changed = ids.clone()
+    changed[0, 3] = 9
+    causal = [clip(x).last_hidden_state[0, 1] for x in (ids, changed)]
+    both = [BidirectionalText(clip)(x).last_hidden_state[0, 1] for x in (ids, changed)]
+    assert torch.allclose(*causal) and not torch.allclose(*both)
+

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
+from .ablation import BidirectionalText, OracleSlots
 from .data import SCENE_WORDS, SceneDataset, SceneSampler
 from .model import UNet
 from .pipeline import ScenePipeline, make_scheduler
@@ -52,6 +53,7 @@ class TrainConfig:
     prediction_type: str = "v_prediction"  # or "epsilon"; an epsilon model cannot predict x0 at zero SNR
     zero_terminal_snr: bool = True  # rescale the schedule so t = T is pure noise, as sampling assumes
     min_snr_gamma: float = 5.0  # loss weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0 = none
+    text_variant: str = "clip"  # ablations only (unet/ablation.py): "bidirectional" or "oracle"; never shipped
     snapshot_every: int = 0  # > 0: keep the EMA pipeline every so many steps in OUT/snapshots (for scaling curves)
     seed: int = 0
     sample_every: int = 500
@@ -82,6 +84,8 @@ class TrainConfig:
         if self.zero_terminal_snr and self.prediction_type == "epsilon":
             raise ValueError("zero_terminal_snr needs prediction_type 'v_prediction': noise cannot be predicted "
                              "from pure noise")
+        if self.text_variant not in ("clip", "bidirectional", "oracle"):
+            raise ValueError(f"text_variant must be 'clip', 'bidirectional' or 'oracle', got {self.text_variant!r}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if self.data is not None and not Path(self.data).is_dir():
@@ -172,6 +176,10 @@ class Trainer:
             (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
 
         self.tokenizer, self.text_encoder, self.unet = build_components(cfg, self.out)
+        if cfg.text_variant == "bidirectional":
+            self.text_encoder = BidirectionalText(self.text_encoder)
+        elif cfg.text_variant == "oracle":
+            self.text_encoder = OracleSlots(self.tokenizer, self.text_encoder.config.hidden_size)
         self.unet.to(memory_format=torch.channels_last)  # ~20% faster convolutions on CPU (oneDNN)
         self.ema = copy.deepcopy(self.unet).requires_grad_(False)
         self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
@@ -332,7 +340,8 @@ class Trainer:
                 out_of_time = cfg.max_minutes > 0 and time.time() - t0 > 60 * cfg.max_minutes
                 if out_of_time and self.step % cfg.checkpoint_every:
                     self.save_checkpoint()
-                if self.accelerator.is_main_process and cfg.snapshot_every and self.step % cfg.snapshot_every == 0:
+                if (self.accelerator.is_main_process and cfg.snapshot_every and self.step % cfg.snapshot_every == 0
+                        and cfg.text_variant == "clip"):
                     self.save_pipeline(self.out / "snapshots" / f"step_{self.step:06d}")
                 if self.accelerator.is_main_process and (self.step % cfg.sample_every == 0 or self.step == cfg.steps
                                                          or out_of_time):
@@ -348,7 +357,8 @@ class Trainer:
             bar.close()
             log.close()
         if self.accelerator.is_main_process:
-            self.save_pipeline(self.out / "pipeline")
+            if cfg.text_variant == "clip":  # ablation encoders are not diffusers parts
+                self.save_pipeline(self.out / "pipeline")
             plot_loss(self.out / "loss.csv", self.out / "loss_curve.png")
         return losses
 
