@@ -297,7 +297,10 @@ class Controller:
 
     # --- attaching
     def attach(self, model: torch.nn.Module) -> Controller:
-        """Hook every cross-attention layer of `model` (and self-attention when an edit replays it)."""
+        """Hook every cross-attention layer of `model` (and self-attention to record or replay it).
+
+        On a diffusers UNet attach an `AttentionStore` first: its processors are then wrapped, and it
+        records the weights the controller let through (attached after, it would replace them)."""
         if self._undo:
             raise RuntimeError("this Controller is already attached; detach it first")
         # a recording and its replay must take the same (explicit) path in every layer to match exactly

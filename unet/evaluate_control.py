@@ -243,13 +243,11 @@ def before_after(records: list[dict], path: Path, title: str, count: int = 8) ->
         ax.set_axis_off()
     for n, r in enumerate(chosen):
         row, col = divmod(n, 2)
+        prompt = f"-> {r['edited']}" if edit else r["prompt"]
         for c, (field, label) in enumerate(columns):
             ax = axes[row, col * len(columns) + c]
             ax.imshow(r[field], interpolation="nearest")
-            ax.set_title(label(r), fontsize=8)
-        prompt = r["edited"] if edit else r["prompt"]
-        axes[row, col * len(columns)].text(0, -0.25, prompt, transform=axes[row, col * len(columns)].transAxes,
-                                           fontsize=7, va="top")
+            ax.set_title(f"{prompt if c == 0 else ''}\n{label(r)}", fontsize=8, loc="left" if c == 0 else "center")
     fig.suptitle(title, fontsize=11)
     fig.savefig(path)
     return path
