@@ -179,7 +179,7 @@ def ours(tiny_pipeline_dir, tmp_path_factory):
     return next(out.iterdir())
 
 
-@pytest.mark.parametrize("kind,size", [("sd", PORTRAIT), ("sd2-v", SQUARE), ("sdxl", PORTRAIT)])
+@pytest.mark.parametrize("kind,size", [("sd", PORTRAIT), ("sd2-v", SQUARE), ("sdxl", SQUARE)])
 def test_generate_script_on_each_folder_writes_what_it_writes_for_ours(pipes, ours, tmp_path, kind, size):
     pipes[kind].save_pretrained(tmp_path / kind, safe_serialization=True)
     rc = generate_main([PROMPT, "--model", str(tmp_path / kind), "--out", str(tmp_path / "out"), "--steps",
