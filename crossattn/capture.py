@@ -194,6 +194,10 @@ class AttentionStore:
         """Forward passes recorded (in `layer`, or summed over layers)."""
         return sum(c for (name, _), c in self.counts.items() if layer is None or name == layer)
 
+    def window_sums(self, layer: str) -> list[tuple[int, int, torch.Tensor]]:
+        """(window, passes, weights summed over those passes (B, heads, N, keys)) per window of `layer`, ascending."""
+        return [(w, self.counts[(layer, w)], self.sums[(layer, w)]) for w in self.recorded_windows(layer)]
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.sums.values())
 

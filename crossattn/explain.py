@@ -97,17 +97,13 @@ def head_layer_maps(store: AttentionStore, tokens: list[int], size) -> tuple[lis
     rows = []
     for name in names:
         h, w = store.layer_shapes[name]
-        per_head = torch.stack([store.mean(name, heads=[k])[0] for k in range(_heads(store, name))])  # (heads, N, T)
+        per_head = torch.stack([store.mean(name, heads=[k])[0] for k in range(store.heads(name))])  # (heads, N, T)
         per_head = torch.cat([per_head, per_head.mean(0, keepdim=True)])
         grid = per_head[:, :, tokens].sum(-1).reshape(-1, 1, h, w)
         rows.append(F.interpolate(grid, size=size, mode="bilinear", align_corners=False)[:, 0])
     width = max(r.shape[0] for r in rows)
     rows = [torch.cat([r, r.new_full((width - r.shape[0], *size), float("nan"))]) for r in rows]
     return names, torch.stack(rows)
-
-
-def _heads(store, name):
-    return next(s.shape[1] for (layer, _), s in store.sums.items() if layer == name)
 
 
 def _shape_label(store, name):

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from unet.benchmark import run_benchmark
-from unet.generate import UsageError, load_pipeline
+from unet.pipeline import UsageError, load_pipeline
 
 
 def table(r: dict) -> str:

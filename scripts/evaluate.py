@@ -14,7 +14,7 @@ import torch
 
 from unet.eval_report import write
 from unet.evaluate import run_evaluation
-from unet.generate import UsageError, load_pipeline
+from unet.pipeline import UsageError, load_pipeline
 
 
 def main(argv=None) -> int:

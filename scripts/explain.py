@@ -20,20 +20,51 @@ import torch
 from crossattn import explain
 from crossattn.capture import AttentionStore
 from crossattn.text import prompt_words
-from unet.generate import UsageError, load_pipeline, unseen_words
+from unet.generate import (
+    MAX_SEED,
+    UsageError,
+    check_out_dir,
+    default_size,
+    interrupted,
+    load_pipeline,
+    partial_folder,
+    publish_files,
+    shorten,
+    sigterm_as_interrupt,
+    unseen_words,
+    usage_error,
+)
 
 DEFAULT_PROMPT = "a red circle left of a blue square"
 
 
-def run(args) -> list[Path]:
-    pipe = load_pipeline(args.model)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    prompt = args.prompt
-    words = [w.text for w in prompt_words(pipe.tokenizer, prompt)]
+def check_inputs(args):
+    """Every check before any model work (one line, exit 2): returns the pipeline and the word to follow.
+    Fills in the default pixel for 'pixel'."""
+    if not args.prompt.strip():
+        raise UsageError("empty prompt: give some words, e.g. \"a red circle\"")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be an integer from 0 to 2**64 - 1, got {shorten(str(args.seed))}")
+    check_out_dir(Path(args.out))
+    pipe = load_pipeline(args.model, show_progress=False)
+    words = [w.text for w in prompt_words(pipe.tokenizer, args.prompt)]
     word = args.word or next((w for w in words if w in ("circle", "square", "triangle")), words[-1])
     if word not in words:
-        raise UsageError(f"--word {word!r} is not in the prompt; its words are {words}")
+        raise UsageError(f"--word {shorten(repr(word))} is not in the prompt; its words are "
+                         f"{shorten(repr(words), 200)}")
+    if args.what == "pixel":
+        size = default_size(pipe)  # the pipeline's default: explain does not change the size
+        args.x = size // 4 if args.x is None else args.x
+        args.y = size // 2 if args.y is None else args.y
+        if not (0 <= args.x < size and 0 <= args.y < size):
+            raise UsageError(f"pixel (x={args.x}, y={args.y}) lies outside the {size}x{size} image")
+    return pipe, word
+
+
+def run(args, pipe, word: str, out: Path) -> list[Path]:
+    """Make the figure(s) for `args.what` in `out`; returns their paths."""
+    prompt = args.prompt
+    words = [w.text for w in prompt_words(pipe.tokenizer, prompt)]
     if args.what == "text":
         tokens, weights = explain.text_attention(pipe.tokenizer, pipe.text_encoder, prompt)
         row = explain.look_back(pipe.tokenizer, weights, prompt, word)
@@ -43,7 +74,8 @@ def run(args) -> list[Path]:
         top = [(tokens[i], round(v, 3)) for i, v in sorted(enumerate(row[-1].tolist()), key=lambda t: -t[1])[:3]]
         print(f"'{word}' looks back most to (last layer): {top}")
         return [out / "text_attention.png", out / "positions.png"]
-    store = AttentionStore(self_attention=args.what == "pixel")
+    store = AttentionStore(self_attention=args.what == "pixel",
+                           num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
     pipe.set_progress_bar_config(disable=True)  # the same call for ours and diffusers' SD/SDXL pipelines
     with store.attach(pipe.unet):  # under guidance the store keeps the prompt half by itself
         image = pipe(prompt, generator=torch.Generator().manual_seed(args.seed), output_type="np").images[0]
@@ -75,11 +107,16 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", default="outputs/explain")
     args = p.parse_args(argv)
-    try:
-        paths = run(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    out = Path(args.out)
+    with sigterm_as_interrupt():
+        try:
+            pipe, word = check_inputs(args)
+            with partial_folder(out) as tmp:  # figures appear in --out only when all are made
+                paths = publish_files(tmp, out, run(args, pipe, word, tmp))
+        except UsageError as e:
+            return usage_error(e)
+        except KeyboardInterrupt as e:
+            return interrupted(e, f"no figure half-written in {out}")
     for path in paths:
         print(path)
     return 0

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from unet.evaluate import run_evaluation
-from unet.generate import UsageError, load_pipeline
+from unet.pipeline import UsageError, load_pipeline
 from unet.scaling import scaling_row, snapshots, wall_minutes, write_scaling
 
 

@@ -7,10 +7,19 @@
 """
 
 import argparse
+import json
+import math
+import shutil
+import signal
 import sys
 from dataclasses import fields
+from pathlib import Path
+
+from safetensors import safe_open
 
 from unet.data import SceneDataset
+from unet.generate import check_out_dir, interrupted, sigterm_as_interrupt
+from unet.pipeline import UsageError, progress_bars
 from unet.train import TrainConfig, Trainer
 
 
@@ -37,25 +46,116 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def check_config(cfg: TrainConfig) -> None:
+    """What `TrainConfig.validate` leaves to fail later, checked before anything is written."""
+    cfg.validate()
+    multiple = 2 ** (len(cfg.channels) - 1)
+    if cfg.size % multiple:
+        raise ValueError(f"--size must be a multiple of {multiple} for {len(cfg.channels)} levels of --channels, "
+                         f"got {cfg.size}")
+    if any(c <= 0 or c % 8 for c in cfg.channels):
+        raise ValueError(f"--channels must be positive multiples of 8 (group norm in 8 groups), "
+                         f"got {list(cfg.channels)}")
+    if cfg.clip is None and cfg.text_width % cfg.heads:
+        raise ValueError(f"--text-width {cfg.text_width} must be a multiple of --heads {cfg.heads}")
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "min_snr_gamma", "max_minutes"):
+        value = getattr(cfg, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
+    if cfg.lr == 0 or cfg.ema_decay >= 1:
+        raise ValueError(f"--lr must be > 0 and --ema-decay < 1, got {cfg.lr} and {cfg.ema_decay}")
+    if 0 < cfg.num_samples < cfg.batch_size:
+        raise ValueError(f"--num-samples {cfg.num_samples} is smaller than --batch-size {cfg.batch_size}: "
+                         "every batch would be short")
+    if not 0 <= cfg.seed < 2 ** 32:
+        raise ValueError(f"--seed must be an integer from 0 to 2**32 - 1, got {cfg.seed}")
+    check_out_dir(Path(cfg.out))
+    if cfg.resume:
+        check_resumable(Path(cfg.out))
+
+
+def check_resumable(out: Path) -> None:
+    """A run folder `--resume` can continue: a readable config and a checkpoint with its step and weights."""
+    ckpt, config = out / "checkpoint.safetensors", out / "train_config.json"
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"--resume given but {ckpt} does not exist")
+    try:
+        with safe_open(str(ckpt), "pt") as f:
+            step, keys = (f.metadata() or {}).get("step"), list(f.keys())
+    except Exception as e:  # safetensors raises its own error types and OSError
+        raise ValueError(f"{ckpt} is not a readable safetensors checkpoint: {e}") from e
+    if step is None or not step.isdigit():
+        raise ValueError(f"{ckpt} does not record its step (metadata 'step'): it was not written by this script")
+    missing = [p for p in ("unet", "ema") if not any(k.startswith(p + ".") for k in keys)]
+    if missing:
+        raise ValueError(f"{ckpt} lacks the weights of {missing}: it cannot be resumed")
+    try:
+        saved = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--resume needs {config}, a readable JSON file: {e}") from e
+    if not isinstance(saved, dict):
+        raise ValueError(f"{config} must hold a JSON object of training settings")
+
+
+def _entries(folder: Path) -> set[Path] | None:
+    return set(folder.iterdir()) if folder.is_dir() else None
+
+
+def remove_new(out: Path, before: set[Path] | None) -> None:
+    """Undo a failed start: remove what appeared in `out` since `before` (all of `out` if it was new)."""
+    if before is None:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for path in _entries(out) - before:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    with sigterm_as_interrupt(), progress_bars(not args.quiet):
+        return _main(args)
+
+
+def _main(args) -> int:
     try:
         if args.make_data:
             if args.num_samples <= 0:
                 raise ValueError("--make-data needs --num-samples N > 0")
+            check_out_dir(Path(args.make_data), "--make-data")
             SceneDataset.generate(args.num_samples, args.seed, args.size, args.size).save(args.make_data)
             print(f"wrote {args.num_samples} scenes to {args.make_data}")
             return 0
         values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
         values["channels"] = tuple(values["channels"])
-        trainer = Trainer(TrainConfig(**values))
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        cfg = TrainConfig(**values)
+        check_config(cfg)
+    except (ValueError, OSError, UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        return interrupted(e, "nothing was written")
+    out = Path(cfg.out)
+    before = _entries(out)
+    try:
+        trainer = Trainer(cfg)
+    except (ValueError, OSError, KeyError, RuntimeError) as e:  # RuntimeError: weights of another shape
+        remove_new(out, before)
+        print(f"error: {' '.join(str(e).split())[:500]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        remove_new(out, before)
+        return interrupted(e, "nothing was written")
     try:
         trainer.train(progress=not args.quiet)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:  # the trainer saved its checkpoint and printed where
+        return 128 + getattr(e, "signum", signal.SIGINT)
+    except BaseException:
+        if not trainer.ckpt_path.exists():  # nothing to resume from: leave no half-made run folder
+            remove_new(out, before)
+        raise
     print(f"done: pipeline saved to {trainer.out / 'pipeline'}")
     return 0
 

@@ -38,5 +38,5 @@ def tiny_pipeline_dir(tmp_path_factory):
 
 @pytest.fixture
 def tiny_pipeline(tiny_pipeline_dir):
-    from unet.generate import load_pipeline
+    from unet.pipeline import load_pipeline
     return load_pipeline(tiny_pipeline_dir)

@@ -27,9 +27,9 @@ def test_store_memory_does_not_grow_with_steps(tiny_pipeline):
         with store.attach(tiny_pipeline.unet):
             run(tiny_pipeline, store, steps=steps)
         sizes.append(store.nbytes())
-        assert sum(store.counts.values()) == steps * len(store.layers)  # every step was recorded
+        assert store.passes() == steps * len(store.layers)  # every step was recorded
     assert sizes[0] == sizes[1] == sizes[2] > 0
-    one_window = sum(s.numel() * 4 for (layer, w), s in store.sums.items() if w == 0)
+    one_window = sum(s.numel() * 4 for layer in store.layers for w, _, s in store.window_sums(layer) if w == 0)
     assert sizes[2] == 10 * one_window  # bounded by windows x layers, not by steps
 
 
@@ -49,7 +49,7 @@ def test_only_conditioned_half_kept_under_guidance(tiny_pipeline):
     with store.attach(tiny_pipeline.unet):
         run(tiny_pipeline, store, prompt=["a red circle", "a blue square"], guidance=3.0)
     assert store.guided
-    assert all(s.shape[0] == 2 for s in store.sums.values())
+    assert store.batch_size == 2
 
 
 def test_word_maps_shapes_non_square_and_normalisations(tiny_pipeline):
@@ -100,3 +100,25 @@ def test_attach_twice_and_empty_model_errors(tiny_pipeline):
     store.detach()
     with pytest.raises(ValueError, match="no attention layers"):
         AttentionStore().attach(torch.nn.Linear(2, 2))
+
+
+def test_read_api_and_reset_forgets_everything(tiny_pipeline):
+    store = AttentionStore(windows=4, num_train_timesteps=tiny_pipeline.scheduler.config.num_train_timesteps)
+    with store.attach(tiny_pipeline.unet):
+        run(tiny_pipeline, store, steps=4, prompt=["a red circle"] * 3)
+        layer = store.layers[0]
+        assert store.batch_size == 3
+        assert store.heads(layer) == tiny_pipeline.unet.config.heads
+        assert store.keys(layer) == tiny_pipeline.tokenizer.model_max_length
+        assert store.recorded_windows() == [0, 1, 2, 3]  # trailing DDIM: 4 steps over the whole range
+        assert store.window_range(1) == (250.0, 500.0)
+        assert store.passes(layer) == 4 and store.passes() == 4 * len(store.layers)
+        assert [(w, n) for w, n, _ in store.window_sums(layer)] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+        with pytest.raises(ValueError, match="window must be in 0..3"):
+            store.window_range(4)
+        with pytest.raises(ValueError, match="nothing was recorded for layer 'nope'"):
+            store.heads("nope")
+        store.reset()
+        assert (store.layers, store.batch_size, store.passes(), store.recorded_windows()) == ([], 0, 0, [])
+        run(tiny_pipeline, store, steps=2, height=16, width=32)  # still attached; no stale shapes
+    assert store.layer_shapes[layer][1] == 2 * store.layer_shapes[layer][0] and store.batch_size == 1

@@ -90,7 +90,7 @@ def sample(pipe, prompts, steps, store=None, seed=0):
 
 
 def capture_overhead(pipe, prompts, steps, repeats) -> dict:
-    store = AttentionStore()
+    store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
 
     def with_store():
         store.reset()
@@ -104,10 +104,10 @@ def capture_bytes(pipe, step_counts) -> dict:
     """Store size after n steps, next to what keeping every step's weights would take."""
     out = {}
     for steps in step_counts:
-        store = AttentionStore()
+        store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
         with store.attach(pipe.unet):
             sample(pipe, ["a red circle left of a blue square"], steps, store)
-        per_step = store.nbytes() / len({w for _, w in store.sums})  # one window holds one step's size
+        per_step = store.nbytes() / len(store.recorded_windows())  # one window holds one step's size
         out[str(steps)] = {"store_bytes": store.nbytes(), "every_step_bytes": int(per_step * steps)}
     return out
 
@@ -168,7 +168,7 @@ def training_throughput(pipe, batch_size, repeats) -> float:
 
     def step():
         x = torch.randn(batch_size, 3, size, size)
-        t = torch.randint(0, 1000, (batch_size,))
+        t = torch.randint(0, sched.config.num_train_timesteps, (batch_size,))
         noise = torch.randn_like(x)
         pred = unet(sched.add_noise(x, noise, t), t, encoder_hidden_states=text(ids).last_hidden_state)
         loss = torch.nn.functional.mse_loss(pred, noise)

@@ -102,8 +102,7 @@ def centre_prior(B: int, T: int, size: tuple[int, int]) -> torch.Tensor:
 
 def method_maps(name: str, store: AttentionStore, size, select: dict | None = None, seed: int = 0) -> torch.Tensor:
     layers = [n for n in store.layers if store.is_cross[n]]
-    recorded = next(s for (layer, _), s in store.sums.items() if layer == layers[0])  # (B, heads, N, T)
-    B, T = recorded.shape[0], recorded.shape[-1]
+    B, T = store.batch_size, store.keys(layers[0])  # images, tokens
     if name == "uniform":
         return torch.ones(B, T, *size)
     if name == "centre":
@@ -133,7 +132,9 @@ def candidate_selections(store: AttentionStore) -> dict[str, dict]:
         if chosen:
             groups[f"{path} path"] = {"layers": chosen}
     groups.update({f"layer {n}": {"layers": [n]} for n in names})
-    ranges = {"t=all": None, "t=0-499": (0, 499), "t=500-999": (500, 999), "t=0-299": (0, 299), "t=300-699": (300, 699)}
+    T = store.num_train_timesteps  # the scheduler's; ranges are fractions of it (t=0-499 etc. for 1000)
+    spans = [(round(a * T), round(b * T) - 1) for a, b in ((0, 0.5), (0.5, 1), (0, 0.3), (0.3, 0.7))]
+    ranges = {"t=all": None, **{f"t={lo}-{hi}": (lo, hi) for lo, hi in spans}}
     return {f"{g} {r}": {**select, "timesteps": t} for g, select in groups.items() for r, t in ranges.items()}
 
 

@@ -172,6 +172,17 @@ def publish(tmp: Path, final: Path) -> Path:
     return final
 
 
+def publish_files(tmp: Path, out: Path, paths: list[Path]) -> list[Path]:
+    """Move finished files from `tmp` into the existing folder `out` (each replaced whole), then drop `tmp`."""
+    _normal_permissions(tmp)
+    moved = []
+    for path in paths:
+        os.replace(path, out / path.name)
+        moved.append(out / path.name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return moved
+
+
 @dataclass
 class Settings:
     seed: int = 0

@@ -57,7 +57,7 @@ def check_device(device: str | None) -> None:
 
 
 @contextlib.contextmanager
-def _progress_bars(show: bool):
+def progress_bars(show: bool):
     """Hide diffusers' and transformers' loading bars unless `show`; restore their setting after."""
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
@@ -111,7 +111,7 @@ def load_pipeline(model: str | Path | None = None, scheduler: str = "ddim", devi
         trained_words = set(trained_words)
     check_device(device)
     try:
-        with warnings.catch_warnings(), _progress_bars(show_progress):
+        with warnings.catch_warnings(), progress_bars(show_progress):
             warnings.simplefilter("ignore")
             if config["_class_name"] == "ScenePipeline":
                 pipe = ScenePipeline.from_pretrained(folder, local_files_only=True, use_safetensors=True)
