@@ -43,19 +43,20 @@ def decode(block: dict, shape) -> np.ndarray:
     return np.frombuffer(base64.b64decode(block["data"]), dtype="<u2").reshape(shape).astype(np.float64) / QUANT
 
 
-def rerun_store(pipe, prompt=PROMPT, seed=0, steps=3, guidance=4.0):
-    """The same sampling as make_run (same seed: same weights), with the store kept for reference maps."""
+def rerun_store(pipe, prompt=PROMPT, seed=0, steps=3, guidance=4.0, num_images=2):
+    """The same sampling as run_dir's (same seed: same weights), with the store kept for reference maps."""
     store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
     with store.attach(pipe.unet):
         pipe(prompt, attention_store=store, num_inference_steps=steps, guidance_scale=guidance,
-             generator=torch.Generator().manual_seed(seed), output_type="np", show_progress=False)
+             generator=torch.Generator().manual_seed(seed), output_type="np", show_progress=False,
+             num_images_per_prompt=num_images)
     return store
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_pipeline_dir):
     from unet.generate import load_pipeline
-    return make_run(load_pipeline(tiny_pipeline_dir), tmp_path_factory.mktemp("runs"))
+    return make_run(load_pipeline(tiny_pipeline_dir), tmp_path_factory.mktemp("runs"), num_images=2)
 
 
 # --- without a browser
@@ -254,6 +255,11 @@ def test_selectors_change_the_map_as_crossattn_maps_does(browser, run_dir, tiny_
     expected = word_maps(store, words, size, layers=[layer], heads=[1], timesteps=(lo, hi), normalize="softmax")
     got = page_maps(browser)
     np.testing.assert_allclose(got, expected, atol=2e-4)
+    choose(browser, "image-select", "1")  # the second image of the run: its own maps and its own PNG
+    assert browser.find_element("id", "image").get_attribute("src").endswith("/image_1.png")
+    np.testing.assert_allclose(page_maps(browser), word_maps(store, words, size, index=1, layers=[layer], heads=[1],
+                                                             timesteps=(lo, hi), normalize="softmax"), atol=2e-4)
+    assert not np.allclose(page_maps(browser), got, atol=1e-3)
     np.testing.assert_allclose(got.sum(axis=0), 1, atol=1e-6)
     assert np.abs(canvas_pixels(browser) - after).sum() > 0
     choose(browser, "norm-select", "minmax")
