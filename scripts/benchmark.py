@@ -37,6 +37,15 @@ def table(r: dict) -> str:
         lines.append(f"| sampling images/s, batch {bs}, {steps} steps, guidance | {v:.2f} | |")
     lines.append(f"| 8 images sampled in | {r['sampling']['8']['seconds']:.2f} s | ≤ 10 s (25 steps) |")
     lines.append(f"| training images/s | {r['training_images_per_s']:.1f} | |")
+    rec = r.get("recipe")
+    if rec:
+        tr, sa, dp = rec["training"], rec["sampling_8"], rec["dpm10_vs_ddim"]
+        lines.append(f"| training images/s, today / previous architecture (side by side) | "
+                     f"{tr['images_per_s_now']:.1f} / {tr['images_per_s_before']:.1f} = {tr['speedup']:.2f}× | ≥ 2× |")
+        lines.append(f"| 8 images × {r['settings']['sampling_steps']} steps, today / previous architecture | "
+                     f"{sa['seconds_now']:.2f} s / {sa['seconds_before']:.2f} s | ≤ 3 s |")
+        lines.append(f"| 8 images, DPM-Solver++ 10 steps / DDIM {r['settings']['sampling_steps']} steps | "
+                     f"{dp['seconds_dpm10']:.2f} s / {dp['theirs_ms'] / 1e3:.2f} s | |")
     lines.append(f"| U-Net forward GFLOP/image | {r['unet_gflop_per_image_forward']:.3f} | |")
     lines.append(f"| sampling GFLOP/s / matmul peak GFLOP/s | {r['sampling_gflops']:.1f} / "
                  f"{r['matmul_peak_gflops']:.1f} = {r['fraction_of_matmul_peak']:.2f} | |")

@@ -150,43 +150,89 @@ def throughput(pipe, steps, batch_sizes, repeats) -> dict:
     return out
 
 
-def training_throughput(pipe, batch_size, repeats) -> float:
-    """Images/s of one optimisation step (forward, backward, AdamW) of U-Net and text encoder."""
+def training_step(pipe, batch_size):
+    """A closure running one optimisation step (forward, backward, AdamW at lr 0, so the model is unchanged)
+    of the pipeline's U-Net and text encoder on a batch of `batch_size`."""
     from unet.train import noise_scheduler
     unet, text = pipe.unet, pipe.text_encoder
-    unet.train()
-    text.train()
     params = [p for p in list(unet.parameters()) + list(text.parameters())]
-    was = [p.requires_grad for p in params]
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr=0.0)  # lr 0: measure the step without changing the model
+    opt = torch.optim.AdamW(params, lr=0.0)
     sched = noise_scheduler()
     size = unet.config.sample_size
     ids = pipe.tokenizer(["a red circle left of a blue square"] * batch_size, padding="max_length",
                          max_length=pipe.tokenizer.model_max_length, return_tensors="pt").input_ids
 
     def step():
+        was = [p.requires_grad for p in params]
+        for p in params:
+            p.requires_grad_(True)
+        unet.train()
+        text.train()
         x = torch.randn(batch_size, 3, size, size)
         t = torch.randint(0, sched.config.num_train_timesteps, (batch_size,))
         noise = torch.randn_like(x)
         pred = unet(sched.add_noise(x, noise, t), t, encoder_hidden_states=text(ids).last_hidden_state)
-        loss = torch.nn.functional.mse_loss(pred, noise)
+        loss = torch.nn.functional.mse_loss(pred, sched.get_velocity(x, noise, t))
         opt.zero_grad()
         loss.backward()
         opt.step()
+        for p, w in zip(params, was):
+            p.requires_grad_(w)
+        unet.eval()
+        text.eval()
 
+    return step
+
+
+def training_throughput(pipe, batch_size, repeats) -> float:
+    """Images/s of one optimisation step of U-Net and text encoder."""
+    step = training_step(pipe, batch_size)
     step()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    for p, w in zip(params, was):
-        p.requires_grad_(w)
-    unet.eval()
-    text.eval()
     return batch_size / statistics.median(times)
+
+
+def previous_architecture(pipe):
+    """The architecture shipped before v-prediction (widths 32/64/128, a 64-wide 2-layer text encoder), freshly
+    initialised: speed does not depend on the weights, so it stands in for the old model side by side."""
+    import tempfile
+    from pathlib import Path
+
+    from unet.pipeline import ScenePipeline
+    from unet.train import TrainConfig, build_components
+    cfg = TrainConfig(channels=(32, 64, 128), text_width=64, text_layers=2)
+    tokenizer, text, unet = build_components(cfg, Path(tempfile.mkdtemp(prefix="previous_")))
+    return ScenePipeline(unet=unet.eval(), text_encoder=text.eval(), tokenizer=tokenizer, scheduler=pipe.scheduler)
+
+
+def recipe_speed(pipe, steps: int, repeats: int, batch_size: int = 32) -> dict:
+    """Today's model against the previous architecture, side by side: training step and sampling 8 images;
+    and DPM-Solver++ at 10 steps against DDIM at `steps` on today's model."""
+    from unet.pipeline import make_scheduler
+    before = previous_architecture(pipe)
+    prompts = ["a red circle left of a blue square"] * 8
+    train = side_by_side(training_step(pipe, batch_size), training_step(before, batch_size), max(3, repeats // 2))
+    sampling = side_by_side(lambda: sample(pipe, prompts, steps), lambda: sample(before, prompts, steps), repeats)
+    ddim = pipe.scheduler
+    dpm = make_scheduler("dpm", ddim.config)
+
+    def with_dpm():
+        pipe.scheduler = dpm
+        try:
+            sample(pipe, prompts, 10)
+        finally:
+            pipe.scheduler = ddim
+
+    fewer = side_by_side(with_dpm, lambda: sample(pipe, prompts, steps), repeats)
+    return {"training": {**train.row(), "images_per_s_now": batch_size / train.ours_ms * 1e3,
+                         "images_per_s_before": batch_size / train.theirs_ms * 1e3, "speedup": 1 / train.median_ratio},
+            "sampling_8": {**sampling.row(), "seconds_now": sampling.ours_ms / 1e3,
+                           "seconds_before": sampling.theirs_ms / 1e3},
+            "dpm10_vs_ddim": {**fewer.row(), "seconds_dpm10": fewer.ours_ms / 1e3}}
 
 
 def run_benchmark(pipe, quick: bool = False, log=print) -> dict:
@@ -218,6 +264,8 @@ def run_benchmark(pipe, quick: bool = False, log=print) -> dict:
     result["sampling_images_per_s"] = {bs: v["images_per_s"] for bs, v in sampling.items()}
     log("training throughput ...")
     result["training_images_per_s"] = training_throughput(pipe, 8 if quick else 32, max(2, repeats // 3))
+    log("today's model against the previous architecture ...")
+    result["recipe"] = recipe_speed(pipe, steps, max(2, repeats // 3), batch_size=8 if quick else 32)
     log("FLOPs and matmul peak ...")
     flops = unet_flops(pipe)
     peak = matmul_peak()
