@@ -2,13 +2,17 @@
 
     python scripts/diagnose.py first-step --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py grain --model PATH --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py unconditional --model PATH --out outputs/examples/diagnosis/NAME
 
 first-step: for single-object colour prompts, samples the same seeds twice: with trailing DDIM, whose first step is
 t = T (for an epsilon model at ~zero SNR, the x0 estimate there is noise amplified by 1/sqrt(alpha_bar)),
 and with the first step moved to t = 0.96 T (DDIM's "leading" spacing). Reports the size of the first
 x0 estimate, how much of it is clipped, colour accuracy, and which colours the detector found.
-grain: background grain (mean |pixel| off the objects, 0-255) of the same prompts under guidance 1 and 4
-and 25 or 50 steps: tells guidance, step count and the model's own low-noise denoising apart.
+unconditional: which colours the detector finds in images sampled from the empty prompt, and the hue
+of the palette's mean colour (where an undecided colour averages to).
+grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
+guidance 1, 2 and 4, 25 or 50 steps, and guidance limited to t >= 200/400/600: tells guidance, step count
+and the model's own low-noise denoising apart.
 """
 
 import argparse
@@ -64,19 +68,36 @@ def colour_run(pipe, prompts, colours, seeds: int, spacing: str) -> dict:
             "detected_colours": dict(found), "images": len(images)}
 
 
-def grain_runs(pipe, prompts, seeds: int) -> dict:
+def unconditional_colours(pipe, images: int) -> dict:
+    """Detected colours in images sampled from the empty prompt (no guidance), and the palette's mean."""
+    out = pipe([""] * images, guidance_scale=1.0, generator=torch.Generator().manual_seed(0), output_type="np",
+               show_progress=False).images
+    found = Counter(d.color for image in out for d in detect(image))
+    mean = np.mean(list(COLORS.values()), axis=0)
+    return {"images": images, "detected_colours": dict(found),
+            "palette_mean_rgb": [round(float(v), 1) for v in mean],
+            "palette_mean_nearest_hue": detect(np.tile(mean.round().astype(np.uint8), (8, 8, 1)), min_pixels=1)[0].color}
+
+
+def grain_runs(pipe, prompts, colours, seeds: int) -> dict:
+    """Grain and colour accuracy per (steps, guidance, lowest guided timestep)."""
     out = {}
-    for steps, guidance in ((25, 4.0), (25, 1.0), (50, 4.0), (25, 2.0)):
+    for steps, guidance, min_t in ((25, 4.0, 0), (25, 1.0, 0), (25, 2.0, 0), (50, 4.0, 0), (25, 4.0, 200),
+                                   (25, 4.0, 400), (25, 4.0, 600)):
         images = pipe(prompts, num_images_per_prompt=seeds, num_inference_steps=steps, guidance_scale=guidance,
-                      generator=torch.Generator().manual_seed(0), output_type="np", show_progress=False).images
-        grain = [background_grain(image, detect(image)) for image in images]
-        out[f"steps={steps} guidance={guidance}"] = {"mean": float(np.mean(grain)), "images": len(images)}
+                      guidance_min_t=min_t, generator=torch.Generator().manual_seed(0), output_type="np",
+                      show_progress=False).images
+        found = [detect(image) for image in images]
+        grain = [background_grain(image, dets) for image, dets in zip(images, found)]
+        right = [bool(dets) and dets[0].color == colours[i // seeds] for i, dets in enumerate(found)]
+        out[f"steps={steps} guidance={guidance} guided t>={min_t}"] = {
+            "grain_mean": float(np.mean(grain)), "colour_accuracy": float(np.mean(right)), "images": len(images)}
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["first-step", "grain"])
+    p.add_argument("what", choices=["first-step", "grain", "unconditional"])
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", required=True, help="folder for <what>.json")
     p.add_argument("--seeds", type=int, default=4)
@@ -93,8 +114,10 @@ def main(argv=None) -> int:
         result.update(first_step=first_step_x0(pipe, prompts, 0),
                       trailing=colour_run(pipe, prompts, colours, args.seeds, "trailing"),
                       leading=colour_run(pipe, prompts, colours, args.seeds, "leading"))
+    elif args.what == "grain":
+        result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
     else:
-        result["grain"] = grain_runs(pipe, prompts, args.seeds)
+        result["unconditional"] = unconditional_colours(pipe, 12 * args.seeds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.what}.json").write_text(json.dumps(result, indent=1))

@@ -131,3 +131,18 @@ def test_ablation_text_sides(tmp_path):
     both = [BidirectionalText(clip)(x).last_hidden_state[0, 1] for x in (ids, changed)]
     assert torch.allclose(*causal) and not torch.allclose(*both)
 
+
+
+def test_guidance_interval(tiny_pipeline, tmp_path):
+    """Guidance limited to t >= guidance_min_t: above every timestep it equals no guidance; the value travels
+    with the saved pipeline."""
+    def run(**kw):
+        return tiny_pipeline("a red circle", num_inference_steps=3, output_type="pt", show_progress=False,
+                             generator=torch.Generator().manual_seed(0), **kw).images
+    assert torch.equal(run(guidance_scale=4.0, guidance_min_t=10_000), run(guidance_scale=1.0))
+    assert torch.equal(run(guidance_scale=4.0, guidance_min_t=0), run(guidance_scale=4.0))
+    assert not torch.equal(run(guidance_scale=4.0, guidance_min_t=500), run(guidance_scale=4.0))
+    tiny_pipeline.register_to_config(guidance_min_t=500)
+    tiny_pipeline.save_pretrained(tmp_path)
+    from unet import ScenePipeline
+    assert ScenePipeline.from_pretrained(tmp_path).config.guidance_min_t == 500

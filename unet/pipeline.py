@@ -141,9 +141,12 @@ class ScenePipeline(DiffusionPipeline):
     """unet (ours or diffusers' UNet2DConditionModel), text_encoder (CLIPTextModel), tokenizer
     (CLIPTokenizer), scheduler (any diffusers scheduler)."""
 
-    def __init__(self, unet, text_encoder, tokenizer, scheduler):
+    def __init__(self, unet, text_encoder, tokenizer, scheduler, guidance_min_t: int = 0):
         super().__init__()
         self.register_modules(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer, scheduler=scheduler)
+        # classifier-free guidance only while t >= guidance_min_t: guiding the low-noise steps adds grain
+        # (README: "No grain"), as in "Applying guidance in a limited interval" (Kynkaanniemi et al. 2024)
+        self.register_to_config(guidance_min_t=guidance_min_t)
 
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str]) -> torch.Tensor:
@@ -157,9 +160,10 @@ class ScenePipeline(DiffusionPipeline):
                  num_inference_steps: int = 25, guidance_scale: float = 4.0,
                  generator: torch.Generator | None = None, num_images_per_prompt: int = 1,
                  output_type: str = "pil", attention_store=None, show_progress: bool = True,
-                 controller=None) -> PipelineOutput:
+                 controller=None, guidance_min_t: int | None = None) -> PipelineOutput:
         """`controller` (a `crossattn.control.Controller`, optional) steers sampling: it is called before
-        and after each scheduler step and may return a changed latent; without one the loop is unchanged."""
+        and after each scheduler step and may return a changed latent; without one the loop is unchanged.
+        `guidance_min_t`: guide only at timesteps >= this (default: the pipeline's config; 0 = every step)."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or any(not isinstance(p, str) for p in prompts):
             raise ValueError("prompt must be a string or a non-empty list of strings")
@@ -174,6 +178,8 @@ class ScenePipeline(DiffusionPipeline):
         prompts = [p for p in prompts for _ in range(num_images_per_prompt)]
         B = len(prompts)
         guided = guidance_scale > 1.0
+        if guidance_min_t is None:
+            guidance_min_t = self.config.get("guidance_min_t", 0)
 
         context = self.encode_prompt(prompts)  # (B, T, D)
         if guided:
@@ -187,11 +193,13 @@ class ScenePipeline(DiffusionPipeline):
         for t in self.progress_bar(self.scheduler.timesteps) if show_progress else self.scheduler.timesteps:
             if controller is not None:
                 x = controller.before_step(self, t, x, context)  # e.g. attend-and-excite moves x
-            model_in = torch.cat([x, x]) if guided else x
+            guide_now = guided and int(t) >= guidance_min_t
+            model_in = torch.cat([x, x]) if guide_now else x
             model_in = self.scheduler.scale_model_input(model_in, t)
-            pred = self.unet(model_in, t, encoder_hidden_states=context)  # noise or v, as the scheduler says
+            step_context = context if guide_now or not guided else context[B:]  # (B or 2B, T, D)
+            pred = self.unet(model_in, t, encoder_hidden_states=step_context)  # noise or v, as the scheduler says
             pred = pred.sample if hasattr(pred, "sample") else pred
-            if guided:
+            if guide_now:
                 pred_uncond, pred_cond = pred.chunk(2)
                 pred = pred_uncond + guidance_scale * (pred_cond - pred_uncond)
             x = self.scheduler.step(pred, t, x, generator=generator).prev_sample
