@@ -11,8 +11,8 @@ x0 estimate, how much of it is clipped, colour accuracy, and which colours the d
 unconditional: which colours the detector finds in images sampled from the empty prompt, and the hue
 of the palette's mean colour (where an undecided colour averages to).
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
-guidance 1, 2 and 4, 25 or 50 steps, and guidance limited to t >= 200/400/600: tells guidance, step count
-and the model's own low-noise denoising apart.
+guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
+guidance, step count and the model's own low-noise denoising apart.
 """
 
 import argparse
@@ -79,18 +79,22 @@ def unconditional_colours(pipe, images: int) -> dict:
             "palette_mean_nearest_hue": detect(np.tile(mean.round().astype(np.uint8), (8, 8, 1)), min_pixels=1)[0].color}
 
 
+# (steps, guidance scale, lowest guided timestep, guidance rescale)
+SETTINGS = ((25, 4.0, 0, 0.0), (25, 1.0, 0, 0.0), (25, 1.5, 0, 0.0), (25, 2.0, 0, 0.0), (50, 4.0, 0, 0.0),
+            (25, 4.0, 400, 0.0), (25, 4.0, 0, 0.7), (25, 2.0, 0, 0.7), (25, 2.0, 400, 0.7), (25, 1.5, 400, 0.0))
+
+
 def grain_runs(pipe, prompts, colours, seeds: int) -> dict:
     """Grain and colour accuracy per (steps, guidance, lowest guided timestep)."""
     out = {}
-    for steps, guidance, min_t in ((25, 4.0, 0), (25, 1.0, 0), (25, 2.0, 0), (50, 4.0, 0), (25, 4.0, 200),
-                                   (25, 4.0, 400), (25, 4.0, 600)):
+    for steps, guidance, min_t, rescale in SETTINGS:
         images = pipe(prompts, num_images_per_prompt=seeds, num_inference_steps=steps, guidance_scale=guidance,
-                      guidance_min_t=min_t, generator=torch.Generator().manual_seed(0), output_type="np",
-                      show_progress=False).images
+                      guidance_min_t=min_t, guidance_rescale=rescale, generator=torch.Generator().manual_seed(0),
+                      output_type="np", show_progress=False).images
         found = [detect(image) for image in images]
         grain = [background_grain(image, dets) for image, dets in zip(images, found)]
         right = [bool(dets) and dets[0].color == colours[i // seeds] for i, dets in enumerate(found)]
-        out[f"steps={steps} guidance={guidance} guided t>={min_t}"] = {
+        out[f"steps={steps} guidance={guidance} guided t>={min_t} rescale={rescale}"] = {
             "grain_mean": float(np.mean(grain)), "colour_accuracy": float(np.mean(right)), "images": len(images)}
     return out
 

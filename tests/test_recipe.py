@@ -142,6 +142,9 @@ def test_guidance_interval(tiny_pipeline, tmp_path):
     assert torch.equal(run(guidance_scale=4.0, guidance_min_t=10_000), run(guidance_scale=1.0))
     assert torch.equal(run(guidance_scale=4.0, guidance_min_t=0), run(guidance_scale=4.0))
     assert not torch.equal(run(guidance_scale=4.0, guidance_min_t=500), run(guidance_scale=4.0))
+    assert torch.equal(run(guidance_scale=4.0, guidance_rescale=0.0), run(guidance_scale=4.0))
+    assert not torch.equal(run(guidance_scale=4.0, guidance_rescale=0.7), run(guidance_scale=4.0))
+    assert torch.equal(run(guidance_scale=1.0, guidance_rescale=0.7), run(guidance_scale=1.0))  # nothing to rescale
     tiny_pipeline.register_to_config(guidance_min_t=500)
     tiny_pipeline.save_pretrained(tmp_path)
     from unet import ScenePipeline

@@ -141,12 +141,15 @@ class ScenePipeline(DiffusionPipeline):
     """unet (ours or diffusers' UNet2DConditionModel), text_encoder (CLIPTextModel), tokenizer
     (CLIPTokenizer), scheduler (any diffusers scheduler)."""
 
-    def __init__(self, unet, text_encoder, tokenizer, scheduler, guidance_min_t: int = 0):
+    def __init__(self, unet, text_encoder, tokenizer, scheduler, guidance_min_t: int = 0,
+                 guidance_rescale: float = 0.0):
         super().__init__()
         self.register_modules(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer, scheduler=scheduler)
-        # classifier-free guidance only while t >= guidance_min_t: guiding the low-noise steps adds grain
-        # (README: "No grain"), as in "Applying guidance in a limited interval" (Kynkaanniemi et al. 2024)
-        self.register_to_config(guidance_min_t=guidance_min_t)
+        # How this model wants to be guided, saved with it (model_index.json). guidance_min_t: guide only while
+        # t >= it, since guiding the low-noise steps adds grain ("Applying guidance in a limited interval",
+        # Kynkaanniemi et al. 2024). guidance_rescale: pull the guided prediction's std back toward the
+        # conditional one's, which keeps colours from saturating at zero terminal SNR (Lin et al. 2024, 3.4).
+        self.register_to_config(guidance_min_t=guidance_min_t, guidance_rescale=guidance_rescale)
 
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str]) -> torch.Tensor:
@@ -160,10 +163,12 @@ class ScenePipeline(DiffusionPipeline):
                  num_inference_steps: int = 25, guidance_scale: float = 4.0,
                  generator: torch.Generator | None = None, num_images_per_prompt: int = 1,
                  output_type: str = "pil", attention_store=None, show_progress: bool = True,
-                 controller=None, guidance_min_t: int | None = None) -> PipelineOutput:
+                 controller=None, guidance_min_t: int | None = None,
+                 guidance_rescale: float | None = None) -> PipelineOutput:
         """`controller` (a `crossattn.control.Controller`, optional) steers sampling: it is called before
         and after each scheduler step and may return a changed latent; without one the loop is unchanged.
-        `guidance_min_t`: guide only at timesteps >= this (default: the pipeline's config; 0 = every step)."""
+        `guidance_min_t`: guide only at timesteps >= this; `guidance_rescale`: 0 (plain guidance) to 1 (std of the
+        conditional prediction). Both default to the pipeline's config."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or any(not isinstance(p, str) for p in prompts):
             raise ValueError("prompt must be a string or a non-empty list of strings")
@@ -180,6 +185,8 @@ class ScenePipeline(DiffusionPipeline):
         guided = guidance_scale > 1.0
         if guidance_min_t is None:
             guidance_min_t = self.config.get("guidance_min_t", 0)
+        if guidance_rescale is None:
+            guidance_rescale = self.config.get("guidance_rescale", 0.0)
 
         context = self.encode_prompt(prompts)  # (B, T, D)
         if guided:
@@ -202,6 +209,10 @@ class ScenePipeline(DiffusionPipeline):
             if guide_now:
                 pred_uncond, pred_cond = pred.chunk(2)
                 pred = pred_uncond + guidance_scale * (pred_cond - pred_uncond)
+                if guidance_rescale > 0:
+                    std_cond = pred_cond.std(dim=(1, 2, 3), keepdim=True)  # (B, 1, 1, 1)
+                    rescaled = pred * std_cond / pred.std(dim=(1, 2, 3), keepdim=True)
+                    pred = guidance_rescale * rescaled + (1 - guidance_rescale) * pred
             x = self.scheduler.step(pred, t, x, generator=generator).prev_sample
             if controller is not None:
                 x = controller.after_step(self, t, x)  # e.g. prompt-to-prompt's local blend
