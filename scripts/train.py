@@ -113,6 +113,22 @@ def remove_new(out: Path, before: set[Path] | None) -> None:
             path.unlink(missing_ok=True)
 
 
+def make_data(args) -> int:
+    """Write the dataset folder whole, or (on an error or interrupt) leave nothing new in it."""
+    folder = Path(args.make_data)
+    before = _entries(folder)
+    try:
+        SceneDataset.generate(args.num_samples, args.seed, args.size, args.size).save(folder)
+    except KeyboardInterrupt as e:
+        remove_new(folder, before)
+        return interrupted(e, "no dataset written")
+    except BaseException:
+        remove_new(folder, before)
+        raise
+    print(f"wrote {args.num_samples} scenes to {folder}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     with sigterm_as_interrupt(), progress_bars(not args.quiet):
@@ -125,9 +141,7 @@ def _main(args) -> int:
             if args.num_samples <= 0:
                 raise ValueError("--make-data needs --num-samples N > 0")
             check_out_dir(Path(args.make_data), "--make-data")
-            SceneDataset.generate(args.num_samples, args.seed, args.size, args.size).save(args.make_data)
-            print(f"wrote {args.num_samples} scenes to {args.make_data}")
-            return 0
+            return make_data(args)
         values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
         values["channels"] = tuple(values["channels"])
         cfg = TrainConfig(**values)

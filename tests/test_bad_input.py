@@ -291,6 +291,21 @@ def test_train_bad_values(tmp_path, capsys, args, message):
     assert not out.exists()
 
 
+def test_make_data_errors_and_interrupts_leave_no_folder(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "data"
+    one_line_error(capsys, train_script.main(["--make-data", str(data), "--num-samples", "0"]), "--num-samples N > 0")
+
+    def save_half_then_interrupt(self, folder):
+        Path(folder).mkdir(parents=True)
+        (Path(folder) / "images.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_script.SceneDataset, "save", save_half_then_interrupt)
+    rc = train_script.main(["--make-data", str(data), "--num-samples", "2", "--size", "8"])
+    assert rc == 128 + signal.SIGINT and "interrupted" in capsys.readouterr().err
+    assert not data.exists()
+
+
 def _checkpoint_without(tmp_path, drop_step=False, drop_prefix=None):
     """A finished tiny run whose checkpoint lost its step or some weights."""
     from safetensors.torch import load_file, save_file
