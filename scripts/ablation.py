@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from unet.evaluate import run_evaluation
+from unet.pipeline import DEFAULT_GUIDANCE
 from unet.scaling import scaling_row, wall_minutes
 from unet.train import TrainConfig, Trainer
 
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True, help="new run folder for the ablation")
     p.add_argument("--seeds", type=int, default=4, help="images per prompt in the quick evaluation (default 4)")
+    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                   help=f"guidance scale of the evaluation (default {DEFAULT_GUIDANCE})")
     p.add_argument("--resume", action="store_true", help="continue OUT")
     args = p.parse_args(argv)
     config = Path(args.run) / "train_config.json"
@@ -47,7 +50,8 @@ def main(argv=None) -> int:
         return 2
     trainer.train(progress=False)
     torch.manual_seed(0)
-    report = run_evaluation(trainer.pipeline(), seeds=args.seeds, quick=True, dataset_images=32, progress=False)[0]
+    report = run_evaluation(trainer.pipeline(), seeds=args.seeds, quick=True, dataset_images=32, progress=False,
+                            guidance=args.guidance)[0]
     row = scaling_row(trainer.step, trainer.cfg.batch_size, wall_minutes(Path(args.out), trainer.step), report)
     row["variant"] = args.variant
     (Path(args.out) / "ablation.json").write_text(json.dumps(row, indent=1))

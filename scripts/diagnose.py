@@ -76,7 +76,7 @@ def unconditional_colours(pipe, images: int) -> dict:
     mean = np.mean(list(COLORS.values()), axis=0)
     return {"images": images, "detected_colours": dict(found),
             "palette_mean_rgb": [round(float(v), 1) for v in mean],
-            "palette_mean_nearest_hue": detect(np.tile(mean.round().astype(np.uint8), (8, 8, 1)), min_pixels=1)[0].color}
+            "palette_mean_nearest_hue": detect(np.tile(mean.round().astype(np.uint8), (8, 8, 1)))[0].color}
 
 
 # (steps, guidance scale, lowest guided timestep, guidance rescale)

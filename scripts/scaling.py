@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from unet.evaluate import run_evaluation
-from unet.pipeline import UsageError, load_pipeline
+from unet.pipeline import DEFAULT_GUIDANCE, UsageError, load_pipeline
 from unet.scaling import scaling_row, snapshots, wall_minutes, write_scaling
 
 
@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     p.add_argument("run", help="training run folder (with snapshots/ and train_config.json)")
     p.add_argument("--out", default=None, help="report folder (default: RUN/scaling)")
     p.add_argument("--seeds", type=int, default=4, help="images per prompt in the quick evaluation (default 4)")
+    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                   help=f"guidance scale of the evaluation (default {DEFAULT_GUIDANCE})")
     p.add_argument("--device", default="cpu", help="where the evaluation runs (and what the table says)")
     p.add_argument("--watch", action="store_true", help="keep evaluating new snapshots until the run has finished")
     args = p.parse_args(argv)
@@ -50,7 +52,8 @@ def main(argv=None) -> int:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
             torch.manual_seed(0)
-            report = run_evaluation(pipe, seeds=args.seeds, quick=True, dataset_images=32, progress=False)[0]
+            report = run_evaluation(pipe, seeds=args.seeds, quick=True, dataset_images=32, progress=False,
+                            guidance=args.guidance)[0]
             rows[step] = scaling_row(step, batch_size, wall_minutes(run, step), report)
             write_scaling(list(rows.values()), out, f"Scaling of {run}", device)
             r = rows[step]

@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from .data import COLORS, SHAPES
 from .detect import detect
 from .evaluate import TASKS, EvalPrompt, background_grain, check, eval_prompts
+from .pipeline import DEFAULT_GUIDANCE
 from .steer import SteeringPlan, build_controller, record_source, sample
 
 CONTROLS = ("excite", "reweight", "edit")
@@ -166,7 +167,7 @@ def evaluate_edits(pipe, prompts: list[EvalPrompt], seeds: int, steps: int, guid
     return report, records
 
 
-def run_control_evaluation(pipe, control: str, seeds: int = 4, steps: int = 25, guidance: float = 4.0,
+def run_control_evaluation(pipe, control: str, seeds: int = 4, steps: int = 25, guidance: float = DEFAULT_GUIDANCE,
                            quick: bool = False, factor: float = 2.0, progress: bool = True):
     """(report, records) for one control; see the module docstring."""
     from tqdm.auto import tqdm

@@ -37,6 +37,7 @@ from crossattn.text import dropped_words, prompt_words
 from crossattn.viewer import write_run_page
 
 from .pipeline import (  # noqa: F401 -- UsageError, load_pipeline, TRAINED_WORDS re-exported for old imports
+    DEFAULT_GUIDANCE,
     PRETRAINED,
     TRAINED_WORDS,
     ScenePipeline,
@@ -187,7 +188,7 @@ def publish_files(tmp: Path, out: Path, paths: list[Path]) -> list[Path]:
 class Settings:
     seed: int = 0
     steps: int = 25
-    guidance: float = 4.0
+    guidance: float = DEFAULT_GUIDANCE
     num_images: int = 1
     height: int | None = None
     width: int | None = None
@@ -449,7 +450,8 @@ def parse_args(argv=None):
     p.add_argument("prompts", nargs="+", help="one or more prompts, each in quotes")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, prompt, device: same image and maps)")
     p.add_argument("--steps", type=int, default=25, help="denoising steps (default 25)")
-    p.add_argument("--guidance", type=float, default=4.0, help="classifier-free guidance scale; <=1 turns it off")
+    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                   help=f"classifier-free guidance scale (default {DEFAULT_GUIDANCE}); <=1 turns it off")
     p.add_argument("--num-images", type=int, default=1, help="images per prompt (default 1)")
     p.add_argument("--height", type=int, default=None, help="image height (default: the model's size)")
     p.add_argument("--width", type=int, default=None, help="image width (default: the model's size)")

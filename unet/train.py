@@ -52,7 +52,7 @@ class TrainConfig:
     caption_dropout: float = 0.1  # empty captions teach the unconditional model for guidance
     prediction_type: str = "v_prediction"  # or "epsilon"; an epsilon model cannot predict x0 at zero SNR
     zero_terminal_snr: bool = True  # rescale the schedule so t = T is pure noise, as sampling assumes
-    min_snr_gamma: float = 5.0  # loss weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0 = none
+    min_snr_gamma: float = 5.0  # weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0: none
     text_variant: str = "clip"  # ablations only (unet/ablation.py): "bidirectional" or "oracle"; never shipped
     snapshot_every: int = 0  # > 0: keep the EMA pipeline every so many steps in OUT/snapshots (for scaling curves)
     seed: int = 0
