@@ -154,7 +154,7 @@ def excite_for(pipe, prompt, *subjects, **kw):
 
 def test_excite_raises_the_weakest_subjects_maximum_attention(tiny_pipeline):
     prompt = "a red circle and a blue square"
-    controller = Controller(excite=excite_for(tiny_pipeline, prompt, "circle", "square", scale_factor=200.0))
+    controller = Controller(excite=excite_for(tiny_pipeline, prompt, "circle", "square"))  # the paper's settings
     context = tiny_pipeline.encode_prompt([prompt] * 2)  # (2, T, D): two images, no guidance
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     tiny_pipeline.scheduler.set_timesteps(4)
@@ -164,7 +164,7 @@ def test_excite_raises_the_weakest_subjects_maximum_attention(tiny_pipeline):
         moved = controller.before_step(tiny_pipeline, t, x, context)
         after = controller.subject_max_attention(tiny_pipeline, t, moved, context).min(dim=1).values
     assert not torch.equal(moved, x)
-    assert (after > before).all(), (before, after)
+    assert (after > before + 1e-4).all(), (before, after)
     (entry,) = controller.excite_log
     assert entry["step"] == 0 and entry["weakest_before"] == pytest.approx(before.tolist())
 
