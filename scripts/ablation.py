@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from unet.evaluate import run_evaluation
-from unet.pipeline import DEFAULT_GUIDANCE
 from unet.scaling import scaling_row, wall_minutes
 from unet.train import TrainConfig, Trainer
 
@@ -29,8 +28,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True, help="new run folder for the ablation")
     p.add_argument("--seeds", type=int, default=4, help="images per prompt in the quick evaluation (default 4)")
-    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
-                   help=f"guidance scale of the evaluation (default {DEFAULT_GUIDANCE})")
+    p.add_argument("--guidance", type=float, default=None,
+                   help="guidance scale of the evaluation (default: the model's own, from its model_index.json)")
     p.add_argument("--resume", action="store_true", help="continue OUT")
     args = p.parse_args(argv)
     config = Path(args.run) / "train_config.json"

@@ -14,7 +14,7 @@ import torch
 
 from unet.eval_report import write
 from unet.evaluate import run_evaluation
-from unet.pipeline import DEFAULT_GUIDANCE, UsageError, load_pipeline
+from unet.pipeline import UsageError, load_pipeline
 
 
 def main(argv=None) -> int:
@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="report folder (default: outputs/eval/<date>)")
     p.add_argument("--seeds", type=int, default=None, help="images per prompt (default 8, quick 2)")
     p.add_argument("--steps", type=int, default=25)
-    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE)
+    p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's own)")
     p.add_argument("--dataset-images", type=int, default=None,
                    help="dataset scenes for exact-mask maps (default 128, quick 32)")
     p.add_argument("--dataset-timestep", type=int, default=300)

@@ -10,6 +10,7 @@ new snapshots. The best snapshot by prompt following is named in the table.
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -17,8 +18,8 @@ from pathlib import Path
 import torch
 
 from unet.evaluate import run_evaluation
-from unet.pipeline import DEFAULT_GUIDANCE, UsageError, load_pipeline
-from unet.scaling import scaling_row, snapshots, wall_minutes, write_scaling
+from unet.pipeline import UsageError, load_pipeline
+from unet.scaling import best_row, scaling_row, snapshots, wall_minutes, write_scaling
 
 
 def main(argv=None) -> int:
@@ -26,10 +27,12 @@ def main(argv=None) -> int:
     p.add_argument("run", help="training run folder (with snapshots/ and train_config.json)")
     p.add_argument("--out", default=None, help="report folder (default: RUN/scaling)")
     p.add_argument("--seeds", type=int, default=4, help="images per prompt in the quick evaluation (default 4)")
-    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
-                   help=f"guidance scale of the evaluation (default {DEFAULT_GUIDANCE})")
+    p.add_argument("--guidance", type=float, default=None,
+                   help="guidance scale of the evaluation (default: the model's own, from its model_index.json)")
     p.add_argument("--device", default="cpu", help="where the evaluation runs (and what the table says)")
     p.add_argument("--watch", action="store_true", help="keep evaluating new snapshots until the run has finished")
+    p.add_argument("--ship", metavar="DIR", help="copy the best snapshot's pipeline to DIR (must not exist), with the "
+                                               "evaluation's guidance scale as its default")
     args = p.parse_args(argv)
     run = Path(args.run)
     if not (run / "train_config.json").exists():
@@ -67,6 +70,19 @@ def main(argv=None) -> int:
         print(f"error: {run} has no snapshots (train with --snapshot-every N)", file=sys.stderr)
         return 2
     print(f"report: {out / 'scaling.md'}")
+    if args.ship:
+        best = best_row(list(rows.values()))["step"]
+        folder = dict(snapshots(run))[best]
+        pipe = load_pipeline(folder)
+        if args.guidance is not None:
+            pipe.register_to_config(guidance_scale=args.guidance)
+        ship_to = Path(args.ship)
+        if ship_to.exists():
+            print(f"error: {ship_to} exists; remove it first (nothing was copied)", file=sys.stderr)
+            return 2
+        pipe.save_pretrained(ship_to)
+        shutil.copy(folder / "trained_words.json", ship_to / "trained_words.json")
+        print(f"shipped step {best} to {ship_to}")
     return 0
 
 

@@ -24,7 +24,7 @@ from crossattn.text import prompt_words
 
 from .data import COLORS, HELD_OUT_PAIRS, RELATIONS, SHAPES, SceneSampler
 from .detect import Detection, detect, relative_position
-from .pipeline import DEFAULT_GUIDANCE
+from .pipeline import default_guidance
 
 TASKS = ("single_object", "two_object", "colors", "position", "color_attr")
 BASELINES = ("uniform", "centre", "random_layer", "daam")
@@ -260,9 +260,10 @@ def map_scores(batches, size, methods: dict[str, tuple[dict | None, float]]) -> 
     return out
 
 
-def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float = DEFAULT_GUIDANCE, dataset_images: int = 64,
+def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None = None, dataset_images: int = 64,
                    dataset_timestep: int = 300, quick: bool = False, progress: bool = True):
     """Everything in the report: returns (report dict, per-image records, recorded batches, our selection)."""
+    guidance = default_guidance(pipe) if guidance is None else guidance  # None: the model's own
     from tqdm.auto import tqdm
     prompts = eval_prompts()
     if quick:

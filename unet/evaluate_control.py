@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from .data import COLORS, SHAPES
 from .detect import detect
 from .evaluate import TASKS, EvalPrompt, background_grain, check, eval_prompts
-from .pipeline import DEFAULT_GUIDANCE
+from .pipeline import default_guidance
 from .steer import SteeringPlan, build_controller, record_source, sample
 
 CONTROLS = ("excite", "reweight", "edit")
@@ -167,10 +167,11 @@ def evaluate_edits(pipe, prompts: list[EvalPrompt], seeds: int, steps: int, guid
     return report, records
 
 
-def run_control_evaluation(pipe, control: str, seeds: int = 4, steps: int = 25, guidance: float = DEFAULT_GUIDANCE,
+def run_control_evaluation(pipe, control: str, seeds: int = 4, steps: int = 25, guidance: float | None = None,
                            quick: bool = False, factor: float = 2.0, progress: bool = True):
-    """(report, records) for one control; see the module docstring."""
+    """(report, records) for one control; see the module docstring. guidance None: the model's own."""
     from tqdm.auto import tqdm
+    guidance = default_guidance(pipe) if guidance is None else guidance
     if control not in CONTROLS:
         raise ValueError(f"unknown control {control!r}; choose one of {CONTROLS}")
     prompts = control_prompts(quick)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -37,12 +38,12 @@ from crossattn.text import dropped_words, prompt_words
 from crossattn.viewer import write_run_page
 
 from .pipeline import (  # noqa: F401 -- UsageError, load_pipeline, TRAINED_WORDS re-exported for old imports
-    DEFAULT_GUIDANCE,
     PRETRAINED,
     TRAINED_WORDS,
     ScenePipeline,
     UsageError,
     check_device,
+    default_guidance,
     load_pipeline,
     make_scheduler,
     shorten,
@@ -188,7 +189,7 @@ def publish_files(tmp: Path, out: Path, paths: list[Path]) -> list[Path]:
 class Settings:
     seed: int = 0
     steps: int = 25
-    guidance: float = DEFAULT_GUIDANCE
+    guidance: float | None = None  # None: the model's own default (model_index.json)
     num_images: int = 1
     height: int | None = None
     width: int | None = None
@@ -250,7 +251,7 @@ def check_settings(settings: Settings) -> None:
     for flag, value in (("--steps", settings.steps), ("--num-images", settings.num_images)):
         if value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
-    if not math.isfinite(settings.guidance):
+    if settings.guidance is not None and not math.isfinite(settings.guidance):
         raise UsageError(f"--guidance must be a finite number (<= 1 turns guidance off), got {settings.guidance}")
     if not 0 <= settings.seed <= MAX_SEED:
         raise UsageError(f"--seed must be an integer from 0 to 2**64 - 1, got {shorten(str(settings.seed))}")
@@ -374,6 +375,8 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
                  words_filter: list[str] | None = None, overwrite: bool = False, show_progress: bool = True) -> Path:
     """Generate `settings.num_images` images for `prompt` and write its folder; returns the folder."""
     check_settings(settings)
+    if settings.guidance is None:
+        settings = dataclasses.replace(settings, guidance=default_guidance(pipe))
     check_model_settings(pipe, settings)
     timings = {}
     words = prompt_words(pipe.tokenizer, prompt)
@@ -450,8 +453,9 @@ def parse_args(argv=None):
     p.add_argument("prompts", nargs="+", help="one or more prompts, each in quotes")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, prompt, device: same image and maps)")
     p.add_argument("--steps", type=int, default=25, help="denoising steps (default 25)")
-    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
-                   help=f"classifier-free guidance scale (default {DEFAULT_GUIDANCE}); <=1 turns it off")
+    p.add_argument("--guidance", type=float, default=None,
+                   help="classifier-free guidance scale; <=1 turns it off (default: the model's own: 1 for the "
+                        "shipped model, which samples best unguided; 7.5 for Stable Diffusion folders)")
     p.add_argument("--num-images", type=int, default=1, help="images per prompt (default 1)")
     p.add_argument("--height", type=int, default=None, help="image height (default: the model's size)")
     p.add_argument("--width", type=int, default=None, help="image width (default: the model's size)")
@@ -481,6 +485,8 @@ def main(argv=None) -> int:
             check_settings(settings)
             check_out_dir(Path(args.out))
             pipe = load_pipeline(args.model, args.scheduler, args.device, show_progress=not args.quiet)
+            if settings.guidance is None:
+                settings = dataclasses.replace(settings, guidance=default_guidance(pipe))
             check_model_settings(pipe, settings)
             notes = [n for prompt in args.prompts for n in check_prompt(pipe, prompt, settings, args.words)]
             notes += check_prompt(pipe, args.edit, settings, None) if args.edit is not None else []

@@ -18,9 +18,17 @@ from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline, DPMSolver
 from diffusers.utils import BaseOutput
 from PIL import Image
 
-# The guidance scale every command uses unless told otherwise, chosen by measurement on the shipped model
-# (README, "No grain"); the lowest guided timestep and the rescale travel with each model's config.
+# Guidance scale for models that do not name their own (each ScenePipeline saves one in model_index.json,
+# chosen by measurement: README, "Guidance"); diffusers' Stable Diffusion pipelines default to 7.5.
 DEFAULT_GUIDANCE = 4.0
+SD_GUIDANCE = 7.5
+
+
+def default_guidance(pipe) -> float:
+    """The guidance scale `pipe` should be sampled with when the user gives none."""
+    if isinstance(pipe, ScenePipeline):
+        return float(pipe.config.get("guidance_scale", DEFAULT_GUIDANCE))
+    return SD_GUIDANCE
 SCHEDULERS = {"ddim": DDIMScheduler, "dpm": DPMSolverMultistepScheduler, "ddpm": DDPMScheduler}
 PRETRAINED = Path(__file__).parent / "pretrained" / "scenes-32"
 TRAINED_WORDS = "trained_words.json"
@@ -144,15 +152,17 @@ class ScenePipeline(DiffusionPipeline):
     """unet (ours or diffusers' UNet2DConditionModel), text_encoder (CLIPTextModel), tokenizer
     (CLIPTokenizer), scheduler (any diffusers scheduler)."""
 
-    def __init__(self, unet, text_encoder, tokenizer, scheduler, guidance_min_t: int = 0,
-                 guidance_rescale: float = 0.0):
+    def __init__(self, unet, text_encoder, tokenizer, scheduler, guidance_scale: float = DEFAULT_GUIDANCE,
+                 guidance_min_t: int = 0, guidance_rescale: float = 0.0):
         super().__init__()
         self.register_modules(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer, scheduler=scheduler)
-        # How this model wants to be guided, saved with it (model_index.json). guidance_min_t: guide only while
+        # How this model wants to be guided, saved with it (model_index.json): guidance_scale is the default
+        # scale (1 = no guidance, which the shipped model samples best with). guidance_min_t: guide only while
         # t >= it, since guiding the low-noise steps adds grain ("Applying guidance in a limited interval",
         # Kynkaanniemi et al. 2024). guidance_rescale: pull the guided prediction's std back toward the
         # conditional one's, which keeps colours from saturating at zero terminal SNR (Lin et al. 2024, 3.4).
-        self.register_to_config(guidance_min_t=guidance_min_t, guidance_rescale=guidance_rescale)
+        self.register_to_config(guidance_scale=guidance_scale, guidance_min_t=guidance_min_t,
+                                guidance_rescale=guidance_rescale)
 
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str]) -> torch.Tensor:
@@ -163,15 +173,16 @@ class ScenePipeline(DiffusionPipeline):
 
     @torch.no_grad()
     def __call__(self, prompt: str | list[str], height: int | None = None, width: int | None = None,
-                 num_inference_steps: int = 25, guidance_scale: float = DEFAULT_GUIDANCE,
+                 num_inference_steps: int = 25, guidance_scale: float | None = None,
                  generator: torch.Generator | None = None, num_images_per_prompt: int = 1,
                  output_type: str = "pil", attention_store=None, show_progress: bool = True,
                  controller=None, guidance_min_t: int | None = None,
                  guidance_rescale: float | None = None) -> PipelineOutput:
         """`controller` (a `crossattn.control.Controller`, optional) steers sampling: it is called before
         and after each scheduler step and may return a changed latent; without one the loop is unchanged.
-        `guidance_min_t`: guide only at timesteps >= this; `guidance_rescale`: 0 (plain guidance) to 1 (std of the
-        conditional prediction). Both default to the pipeline's config."""
+        `guidance_scale`: classifier-free guidance (<= 1: none); `guidance_min_t`: guide only at timesteps >= this;
+        `guidance_rescale`: 0 (plain guidance) to 1 (std of the conditional prediction). All three default to the
+        pipeline's config."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or any(not isinstance(p, str) for p in prompts):
             raise ValueError("prompt must be a string or a non-empty list of strings")
@@ -185,6 +196,8 @@ class ScenePipeline(DiffusionPipeline):
         height, width = height or size, width or size
         prompts = [p for p in prompts for _ in range(num_images_per_prompt)]
         B = len(prompts)
+        if guidance_scale is None:
+            guidance_scale = default_guidance(self)
         guided = guidance_scale > 1.0
         if guidance_min_t is None:
             guidance_min_t = self.config.get("guidance_min_t", 0)
