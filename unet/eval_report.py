@@ -21,7 +21,8 @@ def _fmt(x) -> str:
 def markdown(report: dict, title: str) -> str:
     pf, s = report["prompt_following"], report["settings"]
     lines = [f"# {title}", "",
-             f"{s['prompts']} prompts × {s['seeds']} seeds, {s['steps']} {s.get('scheduler', 'ddim').upper()} steps, guidance {s['guidance']}"
+             f"{s['prompts']} prompts × {s['seeds']} seeds, {s['steps']} {s.get('scheduler', 'ddim').upper()} steps, "
+             f"guidance {s['guidance']}"
              f"{' (quick mode)' if s['quick'] else ''}. Maps chosen on a separate split of "
              f"{s['selection_seeds']} other seeds per prompt.", "",
              "## Prompt following (GenEval rules, our detector)", "",
