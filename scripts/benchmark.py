@@ -46,6 +46,10 @@ def table(r: dict) -> str:
                      f"{sa['seconds_now']:.2f} s / {sa['seconds_before']:.2f} s | ≤ 3 s |")
         lines.append(f"| 8 images, DPM-Solver++ 10 steps / DDIM {r['settings']['sampling_steps']} steps | "
                      f"{dp['seconds_dpm10']:.2f} s / {dp['theirs_ms'] / 1e3:.2f} s | |")
+        own = rec["own_guidance_vs_4"]
+        lines.append(f"| 8 images × {r['settings']['sampling_steps']} steps at the model's own guidance "
+                     f"({own['guidance']:g}) / guidance 4 | {own['seconds_own']:.2f} s / "
+                     f"{own['theirs_ms'] / 1e3:.2f} s | ≤ 3 s |")
     lines.append(f"| U-Net forward GFLOP/image | {r['unet_gflop_per_image_forward']:.3f} | |")
     lines.append(f"| sampling GFLOP/s / matmul peak GFLOP/s | {r['sampling_gflops']:.1f} / "
                  f"{r['matmul_peak_gflops']:.1f} = {r['fraction_of_matmul_peak']:.2f} | |")

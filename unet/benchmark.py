@@ -212,7 +212,7 @@ def previous_architecture(pipe):
 def recipe_speed(pipe, steps: int, repeats: int, batch_size: int = 32) -> dict:
     """Today's model against the previous architecture, side by side: training step and sampling 8 images;
     and DPM-Solver++ at 10 steps against DDIM at `steps` on today's model."""
-    from unet.pipeline import make_scheduler
+    from unet.pipeline import default_guidance, make_scheduler
     before = previous_architecture(pipe)
     prompts = ["a red circle left of a blue square"] * 8
     train = side_by_side(training_step(pipe, batch_size), training_step(before, batch_size), max(3, repeats // 2))
@@ -228,11 +228,19 @@ def recipe_speed(pipe, steps: int, repeats: int, batch_size: int = 32) -> dict:
             pipe.scheduler = ddim
 
     fewer = side_by_side(with_dpm, lambda: sample(pipe, prompts, steps), repeats)
+
+    def own_guidance():  # the model's default scale (1 for the shipped model: no unconditional half)
+        pipe(prompts, num_inference_steps=steps, generator=torch.Generator().manual_seed(0), output_type="pt",
+             show_progress=False)
+
+    own = side_by_side(own_guidance, lambda: sample(pipe, prompts, steps), repeats)
     return {"training": {**train.row(), "images_per_s_now": batch_size / train.ours_ms * 1e3,
                          "images_per_s_before": batch_size / train.theirs_ms * 1e3, "speedup": 1 / train.median_ratio},
             "sampling_8": {**sampling.row(), "seconds_now": sampling.ours_ms / 1e3,
                            "seconds_before": sampling.theirs_ms / 1e3},
-            "dpm10_vs_ddim": {**fewer.row(), "seconds_dpm10": fewer.ours_ms / 1e3}}
+            "dpm10_vs_ddim": {**fewer.row(), "seconds_dpm10": fewer.ours_ms / 1e3},
+            "own_guidance_vs_4": {**own.row(), "seconds_own": own.ours_ms / 1e3,
+                                  "guidance": float(default_guidance(pipe))}}
 
 
 def run_benchmark(pipe, quick: bool = False, log=print) -> dict:
