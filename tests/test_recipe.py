@@ -169,3 +169,11 @@ def test_checkpoint_parts_round_trip(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert Trainer(tiny_config(tmp_path / "run", steps=3, num_samples=0, resume=True)).step == 2
     assert checkpoint_parts.main(["join", str(tmp_path / "parts"), str(original)]) == 2  # never overwrites
+
+
+def test_saved_pipeline_keeps_vocab_and_merges(tiny_pipeline_dir):
+    from transformers import CLIPTokenizer
+    folder = tiny_pipeline_dir / "tokenizer"
+    assert (folder / "vocab.json").exists() and (folder / "merges.txt").exists()
+    slow = CLIPTokenizer(vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt"))
+    assert slow("a red circle").input_ids == CLIPTokenizer.from_pretrained(folder)("a red circle").input_ids

@@ -13,6 +13,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -365,6 +366,9 @@ class Trainer:
     def save_pipeline(self, folder: Path):
         """The EMA pipeline, plus the words its captions used (so generation can warn about unseen ones)."""
         self.pipeline().save_pretrained(folder)
+        for name in ("vocab.json", "merges.txt"):  # save_pretrained writes tokenizer.json only; 4.x users need these
+            if (self.out / "tokenizer" / name).exists():
+                shutil.copy(self.out / "tokenizer" / name, folder / "tokenizer" / name)
         if self.dataset is not None:
             captions = self.dataset.captions
         else:
