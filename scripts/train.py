@@ -18,7 +18,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from unet.data import SceneDataset
-from unet.generate import check_out_dir, interrupted, sigterm_as_interrupt
+from unet.generate import check_out_dir, interrupted, sigterm_as_interrupt, usage_error
 from unet.pipeline import UsageError, progress_bars
 from unet.train import TrainConfig, Trainer
 
@@ -147,8 +147,7 @@ def _main(args) -> int:
         cfg = TrainConfig(**values)
         check_config(cfg)
     except (ValueError, OSError, UsageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return usage_error(e)
     except KeyboardInterrupt as e:
         return interrupted(e, "nothing was written")
     out = Path(cfg.out)
@@ -157,8 +156,7 @@ def _main(args) -> int:
         trainer = Trainer(cfg)
     except (ValueError, OSError, KeyError, RuntimeError) as e:  # RuntimeError: weights of another shape
         remove_new(out, before)
-        print(f"error: {' '.join(str(e).split())[:500]}", file=sys.stderr)
-        return 2
+        return usage_error(e)
     except KeyboardInterrupt as e:
         remove_new(out, before)
         return interrupted(e, "nothing was written")
