@@ -309,7 +309,8 @@ def memory_estimate(pipe, settings: Settings) -> int:
     factor = 1 if isinstance(pipe, ScenePipeline) else size_multiple(pipe)
     height = (settings.height or default_size(pipe)) // factor
     width = (settings.width or default_size(pipe)) // factor
-    per_pass = settings.num_images * (2 if settings.guidance > 1 else 1)
+    guidance = default_guidance(pipe) if settings.guidance is None else settings.guidance
+    per_pass = settings.num_images * (2 if guidance > 1 else 1)
     windows = min(settings.steps, new_store(pipe, settings).windows)
     config = pipe.unet.config
     levels = len(getattr(config, "channels", None) or config.block_out_channels)
