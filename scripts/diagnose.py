@@ -57,15 +57,17 @@ def colour_run(pipe, prompts, colours, seeds: int, spacing: str) -> dict:
         pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, timestep_spacing="leading")
     images = pipe(prompts, num_images_per_prompt=seeds, generator=torch.Generator().manual_seed(0),
                   output_type="np", show_progress=False).images
-    found, right = Counter(), 0
-    for i, image in enumerate(images):
-        dets = detect(image)
-        for d in dets:
-            found[d.color] += 1
-        right += bool(dets) and dets[0].color == colours[i // seeds]
+    detections = [detect(image) for image in images]
+    found = Counter(d.color for dets in detections for d in dets)
     pipe.scheduler.set_timesteps(25)
-    return {"first_timestep": int(pipe.scheduler.timesteps[0]), "colour_accuracy": right / len(images),
+    return {"first_timestep": int(pipe.scheduler.timesteps[0]),
+            "colour_accuracy": colour_accuracy(detections, colours, seeds),
             "detected_colours": dict(found), "images": len(images)}
+
+
+def colour_accuracy(detections, colours, seeds: int) -> float:
+    """Share of images whose largest object has the prompt's colour (image i belongs to prompt i // seeds)."""
+    return float(np.mean([bool(dets) and dets[0].color == colours[i // seeds] for i, dets in enumerate(detections)]))
 
 
 def unconditional_colours(pipe, images: int) -> dict:
@@ -93,9 +95,9 @@ def grain_runs(pipe, prompts, colours, seeds: int) -> dict:
                       output_type="np", show_progress=False).images
         found = [detect(image) for image in images]
         grain = [background_grain(image, dets) for image, dets in zip(images, found)]
-        right = [bool(dets) and dets[0].color == colours[i // seeds] for i, dets in enumerate(found)]
         out[f"steps={steps} guidance={guidance} guided t>={min_t} rescale={rescale}"] = {
-            "grain_mean": float(np.mean(grain)), "colour_accuracy": float(np.mean(right)), "images": len(images)}
+            "grain_mean": float(np.mean(grain)), "colour_accuracy": colour_accuracy(found, colours, seeds),
+            "images": len(images)}
     return out
 
 
