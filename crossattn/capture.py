@@ -43,6 +43,11 @@ def guided_batch(sample: torch.Tensor) -> bool:
     return B % 2 == 0 and torch.equal(sample[:B // 2], sample[B // 2:])
 
 
+# The timesteps of diffusers' DDPM default, for a bare model with no scheduler to ask; a pipeline's store
+# takes its scheduler's through `AttentionStore.for_pipeline`.
+DEFAULT_TIMESTEPS = 1000
+
+
 class AttentionStore:
     """Running sums of attention weights, per layer and timestep window.
 
@@ -54,7 +59,7 @@ class AttentionStore:
     `window_range(window)` and `passes()` rather than indexing `sums`.
     """
 
-    def __init__(self, self_attention: bool = False, windows: int = 10, num_train_timesteps: int = 1000):
+    def __init__(self, self_attention: bool = False, windows: int = 10, num_train_timesteps: int = DEFAULT_TIMESTEPS):
         if windows < 1:
             raise ValueError(f"windows must be >= 1, got {windows}")
         self.self_attention, self.windows, self.num_train_timesteps = self_attention, windows, num_train_timesteps
@@ -67,6 +72,11 @@ class AttentionStore:
         self._timestep = 0
         self._image_hw: tuple[int, int] | None = None
         self._undo: list = []
+
+    @classmethod
+    def for_pipeline(cls, pipe, **kwargs) -> AttentionStore:
+        """A store whose timestep windows span `pipe`'s scheduler's training timesteps."""
+        return cls(num_train_timesteps=pipe.scheduler.config.num_train_timesteps, **kwargs)
 
     # --- attaching
     def attach(self, model: torch.nn.Module) -> AttentionStore:

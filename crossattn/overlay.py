@@ -18,10 +18,15 @@ CMAP = "jet"
 ALPHA = 0.5
 
 
+def to_uint8(images) -> np.ndarray:
+    """Floats in [0, 1] (any shape, e.g. (N, H, W, 3)) as uint8 0-255, rounded; values outside are clipped."""
+    return (np.clip(np.asarray(images), 0, 1) * 255).round().astype(np.uint8)
+
+
 def _as_image(image) -> np.ndarray:
     array = np.asarray(image)
     if array.dtype != np.uint8:
-        array = (np.clip(array, 0, 1) * 255).round().astype(np.uint8)
+        array = to_uint8(array)
     if array.ndim != 3 or array.shape[2] != 3:
         raise ValueError(f"image must be (H, W, 3), got {array.shape}")
     return array

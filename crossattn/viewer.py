@@ -23,13 +23,13 @@ import base64
 import html
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from .capture import AttentionStore
+from .errors import UsageError, usage_error
 from .text import Word
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -96,10 +96,6 @@ def write_run_page(folder: Path, store: AttentionStore, words: list[Word], meta:
 
 # --- gallery
 
-class UsageError(Exception):
-    """Bad input from the user: reported as one line, exit code 2."""
-
-
 def find_runs(root: Path) -> list[Path]:
     """Run folders (holding meta.json) under `root`, newest first; half-written `.partial-*` folders skipped."""
     runs = [p.parent for p in Path(root).rglob("meta.json")
@@ -152,7 +148,6 @@ def gallery_main(argv=None) -> int:
     try:
         page = write_gallery(Path(args.dir))
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return usage_error(e)
     print(page)
     return 0

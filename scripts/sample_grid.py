@@ -1,56 +1,11 @@
 """A grid of samples: one row per seed, one column per prompt (the training samples' prompts by default).
 
-    python scripts/sample_grid.py --out outputs/examples/training/samples_shipped.png
-    python scripts/sample_grid.py --model runs/v1/pipeline --guidance 4 --out grid.png
+See `python scripts/sample_grid.py --help`; the code is unet/cli/sample_grid.py.
 """
 
-import argparse
 import sys
-from pathlib import Path
 
-import numpy as np
-import torch
-from PIL import Image
-
-from unet.pipeline import UsageError, load_pipeline
-from unet.train import TrainConfig
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompts", nargs="*", help="prompts (default: the eight training sample prompts)")
-    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
-    p.add_argument("--seeds", type=int, default=4, help="rows (default 4)")
-    p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's own)")
-    p.add_argument("--steps", type=int, default=25)
-    p.add_argument("--scale", type=int, default=4, help="pixel magnification (default 4)")
-    p.add_argument("--out", required=True, help="PNG to write (must not exist)")
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    if out.exists():
-        print(f"error: {out} exists; choose another --out", file=sys.stderr)
-        return 2
-    if args.seeds < 1 or args.steps < 1 or args.scale < 1:
-        print("error: --seeds, --steps and --scale must be positive", file=sys.stderr)
-        return 2
-    try:
-        pipe = load_pipeline(args.model)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    prompts = args.prompts or TrainConfig().sample_prompts
-    rows = []
-    for seed in range(args.seeds):
-        images = pipe(prompts, num_inference_steps=args.steps, guidance_scale=args.guidance, output_type="np",
-                      generator=torch.Generator().manual_seed(seed), show_progress=False).images
-        rows.append(np.concatenate(list(images), axis=1))  # (H, W * prompts, 3)
-    grid = (np.concatenate(rows, axis=0) * 255).round().astype(np.uint8)
-    image = Image.fromarray(grid)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    image.resize((image.width * args.scale, image.height * args.scale), Image.NEAREST).save(out)
-    print(out)
-    return 0
-
+from unet.cli.sample_grid import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,16 +14,17 @@ import pytest
 import torch
 from conftest import tiny_config
 
-import unet.generate as generate
+import unet.cli.checks
+import unet.cli.generate as generate
 from crossattn import CrossAttention
 from crossattn.capture import AttentionStore
-from unet.generate import PARTIAL, Settings, generate_one
-from unet.pipeline import ScenePipeline, UsageError, load_pipeline
+from unet.cli import PARTIAL, memory_estimate
+from unet.cli import explain as explain_script
+from unet.cli import train as train_script
+from unet.cli.generate import generate_one
+from unet.pipeline import ScenePipeline, Settings, UsageError, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import explain as explain_script  # noqa: E402  (scripts/ is not a package)
-import train as train_script  # noqa: E402
 
 
 def one_line_error(capsys, rc: int, message: str) -> str:
@@ -60,15 +61,15 @@ def test_generate_bad_values(tiny_pipeline_dir, tmp_path, capsys, args, message)
 
 
 def test_generate_refuses_sizes_beyond_memory(tiny_pipeline_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(generate, "available_memory", lambda device: 2 ** 30)  # 1 GiB free
+    monkeypatch.setattr(unet.cli.checks, "available_memory", lambda device: 2 ** 30)  # 1 GiB free
     out = tmp_path / "out"
     rc = generate_main(tiny_pipeline_dir, out, "a red circle", "--height", "4096", "--width", "4096")
     line = one_line_error(capsys, rc, "this run would need about ")
     assert "4096x4096" in line and "1.0 GiB free" in line and not out.exists()
     # the estimate grows with the size and the number of images
     pipe = load_pipeline(tiny_pipeline_dir)
-    small, large = (generate.memory_estimate(pipe, Settings(height=s, width=s)) for s in (16, 64))
-    assert 0 < small < large < generate.memory_estimate(pipe, Settings(height=64, width=64, num_images=4))
+    small, large = (memory_estimate(pipe, Settings(height=s, width=s)) for s in (16, 64))
+    assert 0 < small < large < memory_estimate(pipe, Settings(height=64, width=64, num_images=4))
 
 
 def test_generate_long_prompt_error_stays_short(tiny_pipeline_dir, tmp_path, capsys):
@@ -396,11 +397,11 @@ def test_second_store_on_a_model_is_refused_and_first_keeps_working(tiny_pipelin
     with first.attach(tiny_pipeline.unet):
         with pytest.raises(RuntimeError, match="already has an AttentionStore attached"):
             second.attach(tiny_pipeline.unet)
-        tiny_pipeline("a red circle", num_inference_steps=2, show_progress=False, attention_store=first)
+        tiny_pipeline("a red circle", num_inference_steps=2, show_progress=False)
         assert first.passes() > 0 and second.passes() == 0
     assert all(m.observer is None for m in tiny_pipeline.unet.modules() if isinstance(m, CrossAttention))
     with second.attach(tiny_pipeline.unet):  # free again once the first is detached
-        tiny_pipeline("a red circle", num_inference_steps=2, show_progress=False, attention_store=second)
+        tiny_pipeline("a red circle", num_inference_steps=2, show_progress=False)
     assert second.passes() == first.passes()
 
 
@@ -420,7 +421,7 @@ def test_second_store_refused_on_a_diffusers_unet_too():
 def test_store_with_wrong_timestep_count_says_so(tiny_pipeline):
     store = AttentionStore(num_train_timesteps=100)  # the scheduler has 1000
     with store.attach(tiny_pipeline.unet), pytest.raises(ValueError, match="num_train_timesteps"):
-        tiny_pipeline("a red circle", num_inference_steps=2, show_progress=False, attention_store=store)
+        tiny_pipeline("a red circle", num_inference_steps=2, show_progress=False)
 
 
 def test_bad_input_list_in_readme_matches_these_tests():

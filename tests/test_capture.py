@@ -9,7 +9,7 @@ from crossattn.text import Word, prompt_words
 def run(pipe, store=None, steps=3, guidance=3.0, prompt="a red circle left of a blue square", **kw):
     gen = torch.Generator().manual_seed(0)
     return pipe(prompt, num_inference_steps=steps, guidance_scale=guidance, generator=gen, output_type="pt",
-                attention_store=store, show_progress=False, **kw).images
+                show_progress=False, **kw).images
 
 
 def test_layer_hw_non_square():

@@ -22,7 +22,7 @@ PROMPT = "a red circle left of a blue square"
 
 def run(pipe, prompt=PROMPT, controller=None, store=None, steps=4, seed=0, images=1):
     return pipe(prompt, num_inference_steps=steps, guidance_scale=3.0, generator=torch.Generator().manual_seed(seed),
-                num_images_per_prompt=images, output_type="pt", attention_store=store, controller=controller,
+                num_images_per_prompt=images, output_type="pt", controller=controller,
                 show_progress=False).images
 
 
@@ -229,7 +229,7 @@ def test_control_processors_on_a_diffusers_unet(tiny_pipeline):
 
 
 def cli(tiny_pipeline_dir, out, *args):
-    from unet.generate import main
+    from unet.cli.generate import main
     return main([*args, "--model", str(tiny_pipeline_dir), "--out", str(out), "--steps", "3", "--quiet"])
 
 
@@ -281,10 +281,8 @@ def test_cli_bad_steering_input_exits_2_and_writes_nothing(tiny_pipeline_dir, tm
 @pytest.mark.parametrize("control", ["excite", "reweight", "edit"])
 def test_evaluate_control_reports_with_and_without(tiny_pipeline_dir, tmp_path, control, capsys):
     import json
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from evaluate import main as evaluate_main
+
+    from unet.cli.evaluate import main as evaluate_main
     out = tmp_path / control
     rc = evaluate_main(["--control", control, "--quick", "--seeds", "1", "--steps", "2", "--model",
                         str(tiny_pipeline_dir), "--out", str(out), "--quiet"])
@@ -303,9 +301,9 @@ def test_evaluate_control_reports_with_and_without(tiny_pipeline_dir, tmp_path, 
 
 
 def test_swap_edits_and_verdicts():
-    from unet.detect import Detection
-    from unet.evaluate import EvalPrompt
-    from unet.evaluate_control import swap_edits, swap_succeeded
+    from unet.eval.control import swap_edits, swap_succeeded
+    from unet.eval.detect import Detection
+    from unet.eval.evaluate import EvalPrompt
     p = EvalPrompt("color_attr", "a red circle and a blue square", [("red", "circle"), ("blue", "square")])
     assert [e[3] for e in swap_edits([p])] == ["a red triangle and a blue square", "a red circle and a blue triangle"]
 

@@ -23,7 +23,7 @@ from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProject
 from crossattn.capture import AttentionStore, guided_batch
 from crossattn.maps import word_maps
 from crossattn.text import build_vocabulary, prompt_words
-from unet.generate import main as generate_main
+from unet.cli.generate import main as generate_main
 
 PROMPT = "a red cat on the mat"
 KINDS = ("sd", "sd2-v", "sdxl")
@@ -207,10 +207,7 @@ def test_sdxl_tokenizers_that_split_words_differently_are_refused(tmp_path, caps
 
 
 def test_explain_heads_on_a_stable_diffusion_folder(pipes, tmp_path):
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import explain as explain_script
+    from unet.cli import explain as explain_script
     pipes["sd"].save_pretrained(tmp_path / "sd", safe_serialization=True)
     rc = explain_script.main(["heads", PROMPT, "--word", "cat", "--model", str(tmp_path / "sd"),
                               "--out", str(tmp_path / "explain")])

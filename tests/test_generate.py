@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 from safetensors.torch import load_file
 
-from unet.generate import main
+from unet.cli.generate import main
 
 
 def gen(tiny_pipeline_dir, out, *args):

@@ -10,9 +10,9 @@ from conftest import tiny_config
 
 from unet import make_scheduler
 from unet.data import SceneSampler
-from unet.detect import detect
-from unet.evaluate import background_grain
-from unet.scaling import best_row, wall_minutes, write_scaling
+from unet.eval.detect import detect
+from unet.eval.evaluate import background_grain
+from unet.eval.scaling import best_row, wall_minutes, write_scaling
 from unet.train import Trainer, loss_weight, noise_scheduler
 
 
@@ -153,12 +153,10 @@ def test_guidance_interval(tiny_pipeline, tmp_path):
 
 def test_checkpoint_parts_round_trip(tmp_path):
     """A checkpoint split into committable parts joins back into the same tensors, and the run resumes."""
-    import sys
-    from pathlib import Path
 
     from safetensors.torch import load_file
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import checkpoint_parts
+
+    from unet.cli import checkpoint_parts
     Trainer(tiny_config(tmp_path / "run", steps=2, checkpoint_every=1, num_samples=0)).train(progress=False)
     original = tmp_path / "run" / "checkpoint.safetensors"
     parts = checkpoint_parts.split(original, tmp_path / "parts", part_bytes=200_000)

@@ -2,16 +2,11 @@
 
 import json
 import math
-import sys
-from pathlib import Path
 
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import benchmark
-import evaluate
-
-from unet.evaluate import BASELINES, TASKS
+from unet.cli import benchmark, evaluate
+from unet.eval.evaluate import BASELINES, TASKS
 
 
 def test_quick_evaluation_writes_well_formed_report(tiny_pipeline_dir, tmp_path):

@@ -5,7 +5,7 @@ from conftest import tiny_config
 
 from unet import ScenePipeline, UNet, make_scheduler
 from unet.data import COLORS, HELD_OUT_PAIRS, SHAPES, SceneDataset, SceneSampler
-from unet.detect import detect, relative_position
+from unet.eval.detect import detect, relative_position
 from unet.train import Trainer
 
 
@@ -128,10 +128,7 @@ def test_training_bad_arguments(tmp_path):
 
 
 def test_train_script_exit_code_2(tmp_path, capsys):
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import train
+    from unet.cli import train
     assert train.main(["--out", str(tmp_path / "r"), "--steps", "-1"]) == 2
     assert "steps must be a positive integer" in capsys.readouterr().err
 

@@ -21,7 +21,8 @@ from crossattn.capture import AttentionStore
 from crossattn.maps import word_maps
 from crossattn.text import prompt_words
 from crossattn.viewer import QUANT, RUN_DATA, gallery_main, word_shares, write_gallery
-from unet.generate import Settings, generate_one
+from unet.cli.generate import generate_one
+from unet.pipeline import Settings
 
 PROMPT = "a red circle left of a blue square"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -47,7 +48,7 @@ def rerun_store(pipe, prompt=PROMPT, seed=0, steps=3, guidance=4.0, num_images=2
     """The same sampling as run_dir's (same seed: same weights), with the store kept for reference maps."""
     store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
     with store.attach(pipe.unet):
-        pipe(prompt, attention_store=store, num_inference_steps=steps, guidance_scale=guidance,
+        pipe(prompt, num_inference_steps=steps, guidance_scale=guidance,
              generator=torch.Generator().manual_seed(seed), output_type="np", show_progress=False,
              num_images_per_prompt=num_images)
     return store
@@ -55,7 +56,7 @@ def rerun_store(pipe, prompt=PROMPT, seed=0, steps=3, guidance=4.0, num_images=2
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_pipeline_dir):
-    from unet.generate import load_pipeline
+    from unet.cli.generate import load_pipeline
     return make_run(load_pipeline(tiny_pipeline_dir), tmp_path_factory.mktemp("runs"), num_images=2)
 
 

@@ -1,5 +1,3 @@
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -8,10 +6,8 @@ from PIL import Image
 from crossattn import explain
 from crossattn.capture import AttentionStore
 from crossattn.walkthrough import describe, walk
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import attention_walkthrough
-import explain as explain_script
+from unet.cli import attention_walkthrough
+from unet.cli import explain as explain_script
 
 
 def test_four_steps_numbers():
@@ -50,7 +46,7 @@ def test_text_attention_is_causal_and_rows_sum_to_one(tiny_pipeline):
 def test_pixel_self_attention_sums_to_one(tiny_pipeline):
     store = AttentionStore(self_attention=True)
     with store.attach(tiny_pipeline.unet):
-        tiny_pipeline("a red circle", num_inference_steps=2, attention_store=store, show_progress=False)
+        tiny_pipeline("a red circle", num_inference_steps=2, show_progress=False)
     maps = explain.pixel_maps(store, (3, 5), (16, 16))
     assert maps
     for name, heat in maps.items():

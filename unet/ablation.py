@@ -19,6 +19,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from .data import COLORS, SHAPES
+
 SIDES = {"left of": ("left", "right"), "right of": ("right", "left"), "above": ("top", "bottom"),
          "below": ("bottom", "top")}
 SIDE_IDS = {None: 0, "left": 1, "right": 2, "top": 3, "bottom": 4}
@@ -55,9 +57,9 @@ def token_roles(words: list[str]) -> list[tuple[int, int]]:
     single_side = next((s for s in ("left", "right", "top", "bottom") if text.endswith(f"on the {s}")), None)
     roles, obj = [], 1
     for i, w in enumerate(words):
-        if w == "a" and i > 0 and obj == 1 and any(x in words[:i] for x in ("circle", "square", "triangle")):
+        if w == "a" and i > 0 and obj == 1 and any(x in words[:i] for x in SHAPES):
             obj = 2  # the second "a" starts the second object
-        if w in ("circle", "square", "triangle") or w in ("red", "green", "blue", "yellow") or w == "a":
+        if w in SHAPES or w in COLORS or w == "a":
             side = SIDES[relation][obj - 1] if relation else (single_side if obj == 1 else None)
             roles.append((obj, SIDE_IDS[side]))
         else:

@@ -18,17 +18,46 @@ from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline, DPMSolver
 from diffusers.utils import BaseOutput
 from PIL import Image
 
-# Guidance scale for models that do not name their own (each ScenePipeline saves one in model_index.json,
-# chosen by measurement: README, "Guidance"); diffusers' Stable Diffusion pipelines default to 7.5.
-DEFAULT_GUIDANCE = 4.0
-SD_GUIDANCE = 7.5
+from crossattn.errors import UsageError, shorten  # noqa: F401 -- UsageError: old imports
+
+SD_GUIDANCE = 7.5  # diffusers' Stable Diffusion pipelines' default scale
 
 
 def default_guidance(pipe) -> float:
-    """The guidance scale `pipe` should be sampled with when the user gives none."""
+    """The guidance scale `pipe` should be sampled with when the user gives none: a ScenePipeline's own,
+    saved in its model_index.json (README, "Guidance"); 7.5 for a Stable Diffusion folder."""
     if isinstance(pipe, ScenePipeline):
-        return float(pipe.config.get("guidance_scale", DEFAULT_GUIDANCE))
+        return float(pipe.config.guidance_scale)
     return SD_GUIDANCE
+
+
+def size_multiple(pipe) -> int:
+    """Height and width must be multiples of this: our U-Net halves the image at every level but the
+    last; a Stable Diffusion pipeline works on latents `vae_scale_factor` times smaller."""
+    if not isinstance(pipe, ScenePipeline):
+        return int(getattr(pipe, "vae_scale_factor", 8))
+    config = pipe.unet.config
+    return 2 ** (len(getattr(config, "channels", None) or config.block_out_channels) - 1)
+
+
+def default_size(pipe) -> int:
+    """The image side the model was made for, in pixels."""
+    return pipe.unet.config.sample_size * (1 if isinstance(pipe, ScenePipeline) else size_multiple(pipe))
+
+
+@dataclass
+class Settings:
+    """One sampling run, as the commands pass it around: `num_images` images from one seed."""
+    seed: int = 0
+    steps: int = 25
+    guidance: float | None = None  # None: the model's own default (model_index.json)
+    num_images: int = 1
+    height: int | None = None
+    width: int | None = None
+    normalize: str = "raw"
+    scheduler: str = "ddim"
+    self_attention: bool = False
+    truncate: bool = False
 SCHEDULERS = {"ddim": DDIMScheduler, "dpm": DPMSolverMultistepScheduler, "ddpm": DDPMScheduler}
 PRETRAINED = Path(__file__).parent / "pretrained" / "scenes-32"
 TRAINED_WORDS = "trained_words.json"
@@ -44,15 +73,6 @@ def make_scheduler(name: str, config) -> object:
         # reaches t=T at few steps.
         extra = {"set_alpha_to_one": True, "timestep_spacing": "trailing"}
     return SCHEDULERS[name].from_config(config, **extra)
-
-
-class UsageError(Exception):
-    """Bad input from the user: reported as one line, exit code 2."""
-
-
-def shorten(text: str, limit: int = 60) -> str:
-    """`text` cut to about `limit` characters, so an error naming a 98 KB prompt stays one short line."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def check_device(device: str | None) -> None:
@@ -152,12 +172,13 @@ class ScenePipeline(DiffusionPipeline):
     """unet (ours or diffusers' UNet2DConditionModel), text_encoder (CLIPTextModel), tokenizer
     (CLIPTokenizer), scheduler (any diffusers scheduler)."""
 
-    def __init__(self, unet, text_encoder, tokenizer, scheduler, guidance_scale: float = DEFAULT_GUIDANCE,
+    def __init__(self, unet, text_encoder, tokenizer, scheduler, guidance_scale: float = 4.0,
                  guidance_min_t: int = 0, guidance_rescale: float = 0.0):
         super().__init__()
         self.register_modules(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer, scheduler=scheduler)
         # How this model wants to be guided, saved with it (model_index.json): guidance_scale is the default
-        # scale (1 = no guidance, which the shipped model samples best with). guidance_min_t: guide only while
+        # scale (1 = no guidance, which the shipped model samples best with; 4 for a newly trained one, the
+        # prototype's best). guidance_min_t: guide only while
         # t >= it, since guiding the low-noise steps adds grain ("Applying guidance in a limited interval",
         # Kynkaanniemi et al. 2024). guidance_rescale: pull the guided prediction's std back toward the
         # conditional one's, which keeps colours from saturating at zero terminal SNR (Lin et al. 2024, 3.4).
@@ -175,7 +196,7 @@ class ScenePipeline(DiffusionPipeline):
     def __call__(self, prompt: str | list[str], height: int | None = None, width: int | None = None,
                  num_inference_steps: int = 25, guidance_scale: float | None = None,
                  generator: torch.Generator | None = None, num_images_per_prompt: int = 1,
-                 output_type: str = "pil", attention_store=None, show_progress: bool = True,
+                 output_type: str = "pil", show_progress: bool = True,
                  controller=None, guidance_min_t: int | None = None,
                  guidance_rescale: float | None = None) -> PipelineOutput:
         """`controller` (a `crossattn.control.Controller`, optional) steers sampling: it is called before

@@ -30,10 +30,14 @@ from tqdm.auto import tqdm
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
 from .ablation import BidirectionalText, OracleSlots
+from .cli.checks import check_seed
 from .data import SCENE_WORDS, SceneDataset, SceneSampler
 from .model import UNet
 from .pipeline import ScenePipeline, make_scheduler
 
+# Training derives torch seeds from its seed (seed + step, seed * 100003 + epoch), and torch's must fit in
+# 64 bits: 32-bit seeds keep them in range for any run length (sampling takes all 64 bits: cli.MAX_SEED).
+TRAIN_MAX_SEED = 2 ** 32 - 1
 
 @dataclass
 class TrainConfig:
@@ -75,6 +79,7 @@ class TrainConfig:
         "a blue triangle and a red square", "a yellow square below a green circle"])
 
     def validate(self):
+        """Raise (ValueError, FileNotFoundError, UsageError for the seed) naming the first bad setting."""
         for name in ("steps", "batch_size", "size", "checkpoint_every", "sample_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
@@ -95,6 +100,38 @@ class TrainConfig:
             raise FileNotFoundError(f"CLIP folder {self.clip} does not exist")
         if not 0 <= self.caption_dropout < 1:
             raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
+        multiple = 2 ** (len(self.channels) - 1)
+        if self.size % multiple:
+            raise ValueError(f"--size must be a multiple of {multiple} for {len(self.channels)} levels of --channels, "
+                             f"got {self.size}")
+        if any(c <= 0 or c % 8 for c in self.channels):
+            raise ValueError(f"--channels must be positive multiples of 8 (group norm in 8 groups), "
+                             f"got {list(self.channels)}")
+        if self.clip is None and self.text_width % self.heads:
+            raise ValueError(f"--text-width {self.text_width} must be a multiple of --heads {self.heads}")
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "min_snr_gamma", "max_minutes"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
+        if self.lr == 0 or self.ema_decay >= 1:
+            raise ValueError(f"--lr must be > 0 and --ema-decay < 1, got {self.lr} and {self.ema_decay}")
+        if 0 < self.num_samples < self.batch_size:
+            raise ValueError(f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}: "
+                             "every batch would be short")
+        check_seed(self.seed, top=TRAIN_MAX_SEED)
+
+
+def resumed_config(cfg: TrainConfig, saved: dict) -> TrainConfig:
+    """The config a `--resume` of `cfg` trains with: the run's saved config (train_config.json), with this
+    call's folder, length and time limit; settings older runs do not name get the old recipe's values."""
+    saved = dict(saved)
+    # a resumed run may go longer, or continue a copied run folder
+    saved.update(out=cfg.out, steps=cfg.steps, resume=True, max_minutes=cfg.max_minutes)
+    # runs from before v-prediction name none of these; they were trained with the old recipe
+    for key, old in (("prediction_type", "epsilon"), ("zero_terminal_snr", False), ("lr_schedule", "cosine"),
+                     ("ema_decay", 0.995), ("num_samples", 30000), ("lr", 1e-3)):
+        saved.setdefault(key, old)
+    return TrainConfig(**saved)
 
 
 def build_components(cfg: TrainConfig, folder: Path):
@@ -165,14 +202,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.out.mkdir(parents=True, exist_ok=True)
         if cfg.resume:
-            saved = json.loads((self.out / "train_config.json").read_text())
-            # a resumed run may go longer, or continue a copied run folder
-            saved.update(out=cfg.out, steps=cfg.steps, resume=True, max_minutes=cfg.max_minutes)
-            # runs from before v-prediction name none of these; they were trained with the old recipe
-            for key, old in (("prediction_type", "epsilon"), ("zero_terminal_snr", False), ("lr_schedule", "cosine"),
-                             ("ema_decay", 0.995), ("num_samples", 30000), ("lr", 1e-3)):
-                saved.setdefault(key, old)
-            self.cfg = cfg = TrainConfig(**saved)
+            self.cfg = cfg = resumed_config(cfg, json.loads((self.out / "train_config.json").read_text()))
         elif self.accelerator.is_main_process:
             (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
 

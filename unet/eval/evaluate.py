@@ -22,9 +22,9 @@ from crossattn.maps import daam_heat_maps, token_maps
 from crossattn.metrics import THRESHOLDS, score_maps
 from crossattn.text import prompt_words
 
-from .data import COLORS, HELD_OUT_PAIRS, RELATIONS, SHAPES, SceneSampler
+from ..data import COLORS, HELD_OUT_PAIRS, RELATIONS, SHAPES, SceneSampler
+from ..pipeline import default_guidance
 from .detect import Detection, detect, relative_position
-from .pipeline import default_guidance
 
 TASKS = ("single_object", "two_object", "colors", "position", "color_attr")
 BASELINES = ("uniform", "centre", "random_layer", "daam")
@@ -164,7 +164,7 @@ def generate_batches(pipe, prompts: list[EvalPrompt], seeds: int, base_seed: int
         with store.attach(pipe.unet):
             images = pipe([p.prompt for p in chunk], num_images_per_prompt=seeds, num_inference_steps=steps,
                           guidance_scale=guidance, generator=torch.Generator().manual_seed(base_seed + start),
-                          output_type="np", attention_store=store, show_progress=False).images
+                          output_type="np", show_progress=False).images
         images = (images * 255).round().astype(np.uint8)
         entries = []
         for i, image in enumerate(images):

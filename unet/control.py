@@ -1,4 +1,7 @@
-"""A steered run beside the plain one: `generate.py --reweight red=2 --excite --edit "..."`.
+"""A controlled run beside the plain one: `generate.py --reweight red=2 --excite --edit "..."`.
+
+"Control" is the project's one word for steering sampling through attention (`crossattn.control`); the
+command line's group, the `steered/` folder and the `control` entry of meta.json keep their names.
 
 Builds a `crossattn.control.Controller` from words (checked before any work), samples the steered
 images with the same seed, and writes them into the plain run's folder: `steered/` (images,
@@ -23,16 +26,17 @@ from safetensors.torch import load_file, save_file
 
 from crossattn.capture import AttentionStore
 from crossattn.control import Controller, Edit, Excite, Reweight, align_prompts, parse_weights, word_positions
+from crossattn.errors import UsageError
 from crossattn.maps import merge_words, token_maps
-from crossattn.overlay import overlay_grid
+from crossattn.overlay import overlay_grid, to_uint8
 from crossattn.text import prompt_words
 
 from .data import SHAPES
-from .pipeline import ScenePipeline, UsageError
+from .pipeline import ScenePipeline
 
 
 @dataclass
-class SteeringPlan:
+class ControlPlan:
     """What the steered run applies; every word already checked against the prompts it applies to."""
     reweight: dict[str, float] = field(default_factory=dict)
     reweight_steps: tuple[float, float] = (0.0, 1.0)
@@ -49,7 +53,7 @@ class SteeringPlan:
         return self.excite or object_words(words)
 
 
-def add_steering_args(parser) -> None:
+def add_control_args(parser) -> None:
     g = parser.add_argument_group("steering", "a second, steered run with the same seed, written beside the plain "
                                               "one (steered/, compare.png, meta.json 'control')")
     g.add_argument("--reweight", nargs="+", metavar="WORD=FACTOR", default=None,
@@ -73,7 +77,7 @@ def object_words(prompt_word_texts: list[str]) -> list[str]:
     return list(dict.fromkeys(w for w in prompt_word_texts if w in SHAPES))
 
 
-def plan_steering(pipe, args) -> SteeringPlan | None:
+def plan_control(pipe, args) -> ControlPlan | None:
     """The steering the command line asks for, or None; raises UsageError naming any bad value."""
     if args.reweight is None and args.excite is None and args.edit is None:
         if args.local_blend:
@@ -95,7 +99,7 @@ def plan_steering(pipe, args) -> SteeringPlan | None:
     if start > end:
         raise UsageError(f"--reweight-steps START {start} is after END {end}")
     excite = None if args.excite is None else list(dict.fromkeys(args.excite))
-    plan = SteeringPlan(reweight_steps=(start, end), excite=excite, edit=args.edit,
+    plan = ControlPlan(reweight_steps=(start, end), excite=excite, edit=args.edit,
                         cross_replace_steps=args.cross_replace_steps, self_replace_steps=args.self_replace_steps,
                         local_blend=args.local_blend)
     try:
@@ -118,7 +122,7 @@ def plan_steering(pipe, args) -> SteeringPlan | None:
     return plan
 
 
-def build_controller(pipe, plan: SteeringPlan, prompt: str, recording=None) -> Controller:
+def build_controller(pipe, plan: ControlPlan, prompt: str, recording=None) -> Controller:
     """The controller for the steered run of the plain prompt `prompt` (words looked up in the steered one)."""
     words = prompt_words(pipe.tokenizer, plan.steered_prompt(prompt))
     reweight = excite = edit = None
@@ -145,12 +149,12 @@ def sample(pipe, prompt: str, settings, controller: Controller | None = None, st
     try:
         images = pipe(prompt, num_inference_steps=settings.steps, guidance_scale=settings.guidance,
                       generator=generator, num_images_per_prompt=settings.num_images, height=settings.height,
-                      width=settings.width, output_type="np", attention_store=store, controller=controller,
+                      width=settings.width, output_type="np", controller=controller,
                       show_progress=show_progress).images
     finally:
         for a in reversed(attached):
             a.detach()
-    return (np.asarray(images) * 255).round().astype(np.uint8)
+    return to_uint8(images)
 
 
 def record_source(pipe, prompt: str, settings, show_progress: bool = False):
@@ -161,7 +165,7 @@ def record_source(pipe, prompt: str, settings, show_progress: bool = False):
     return images, recorder.recording
 
 
-def describe(plan: SteeringPlan, prompt: str, steered_words) -> str:
+def describe(plan: ControlPlan, prompt: str, steered_words) -> str:
     """One line for figure titles: what the steered run of `prompt` applied."""
     parts = []
     if plan.edit is not None:
@@ -173,7 +177,7 @@ def describe(plan: SteeringPlan, prompt: str, steered_words) -> str:
     return "; ".join(parts)
 
 
-def steer_one(pipe, plan: SteeringPlan, prompt: str, settings, folder: Path, show_progress: bool = True) -> Path:
+def control_one(pipe, plan: ControlPlan, prompt: str, settings, folder: Path, show_progress: bool = True) -> Path:
     """Run the steered generation of `prompt` (plain run in `folder`) and add it there; returns `folder`."""
     timings = {}
     recording = None
@@ -183,7 +187,7 @@ def steer_one(pipe, plan: SteeringPlan, prompt: str, settings, folder: Path, sho
         timings["record_source_s"] = time.perf_counter() - t0
     controller = build_controller(pipe, plan, prompt, recording)
     steered = plan.steered_prompt(prompt)
-    store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    store = AttentionStore.for_pipeline(pipe)
     t0 = time.perf_counter()
     images = sample(pipe, steered, settings, controller, store, show_progress)
     timings["sampling_s"] = time.perf_counter() - t0
@@ -211,7 +215,7 @@ def steer_one(pipe, plan: SteeringPlan, prompt: str, settings, folder: Path, sho
                   str(tmp / "steered" / "maps.safetensors"), metadata={"prompt": steered})
         overlay_grid(np.asarray(Image.open(folder / "image_0.png").convert("RGB")), plain, plain_words,
                      tmp / "plain.png", title=f"plain: {prompt}", vmax=vmax)
-        side_by_side([tmp / "plain.png", tmp / "steered" / "overlay.png"], tmp / "compare.png")
+        paste_row([tmp / "plain.png", tmp / "steered" / "overlay.png"], tmp / "compare.png")
         (tmp / "plain.png").unlink()
         control = {**asdict(plan), "prompt": steered, "images": names, "overlay": "steered/overlay.png",
                    "compare": "compare.png",
@@ -232,7 +236,7 @@ def steer_one(pipe, plan: SteeringPlan, prompt: str, settings, folder: Path, sho
     return folder
 
 
-def side_by_side(paths: list[Path], out: Path, gap: int = 16) -> Path:
+def paste_row(paths: list[Path], out: Path, gap: int = 16) -> Path:
     """Paste PNGs left to right on white, tops aligned."""
     panels = [Image.open(p).convert("RGB") for p in paths]
     canvas = Image.new("RGB", (sum(p.width for p in panels) + gap * (len(panels) - 1), max(p.height for p in panels)),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import ndimage
 
-from .data import COLORS
+from ..data import COLORS
 
 PALETTE = np.array(list(COLORS.values()), np.float32)  # (colors, 3)
 # Compare hue, not brightness: a dim yellow edge pixel is nearer green than yellow in plain RGB.

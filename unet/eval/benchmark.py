@@ -86,7 +86,7 @@ def block_benchmark(name: str, repeats: int, backward: bool = False) -> dict:
 
 def sample(pipe, prompts, steps, store=None, seed=0):
     return pipe(prompts, num_inference_steps=steps, guidance_scale=4.0, generator=torch.Generator().manual_seed(seed),
-                output_type="pt", attention_store=store, show_progress=False).images
+                output_type="pt", show_progress=False).images
 
 
 def capture_overhead(pipe, prompts, steps, repeats) -> dict:

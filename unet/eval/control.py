@@ -1,8 +1,8 @@
-"""Measured steering: what re-weighting, attend-and-excite and prompt-to-prompt edits buy, judged by
+"""Measured control: what re-weighting, attend-and-excite and prompt-to-prompt edits buy, judged by
 the detector against the prompt.
 
 - `excite` / `reweight`: the evaluation's prompts, each sampled with and without the control from the
-  same seeds; prompt following per task (GenEval rules, as `unet.evaluate`), background grain, and the
+  same seeds; prompt following per task (GenEval rules, as `unet.eval.evaluate`), background grain, and the
   seconds per image of each. Excite's subjects are the prompt's shape words; re-weighting scales every
   colour and shape word by `factor`.
 - `edit`: two-object prompts; each object's shape is swapped for the third shape ("a red circle and a
@@ -18,33 +18,20 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .data import COLORS, SHAPES
+from ..control import ControlPlan, build_controller, record_source, sample
+from ..data import COLORS, SHAPES
+from ..pipeline import Settings, default_guidance
 from .detect import detect
 from .evaluate import TASKS, EvalPrompt, background_grain, check, eval_prompts
-from .pipeline import default_guidance
-from .steer import SteeringPlan, build_controller, record_source, sample
 
 CONTROLS = ("excite", "reweight", "edit")
-
-
-@dataclass
-class RunSettings:
-    """What `steer.sample` needs for one prompt: a seed and `num_images` images from it."""
-    seed: int
-    steps: int
-    guidance: float
-    num_images: int
-    height: int | None = None
-    width: int | None = None
 
 
 def control_prompts(quick: bool, per_task: int = 2, seed: int = 0) -> list[EvalPrompt]:
@@ -56,11 +43,11 @@ def control_prompts(quick: bool, per_task: int = 2, seed: int = 0) -> list[EvalP
     return [p for task in TASKS for p in rng.sample([q for q in prompts if q.task == task], per_task)]
 
 
-def plan_for(control: str, prompt: str, factor: float) -> SteeringPlan:
+def plan_for(control: str, prompt: str, factor: float) -> ControlPlan:
     if control == "excite":
-        return SteeringPlan(excite=[])  # the prompt's object words
+        return ControlPlan(excite=[])  # the prompt's object words
     words = prompt.split()
-    return SteeringPlan(reweight={w: factor for w in words if w in COLORS or w in SHAPES})
+    return ControlPlan(reweight={w: factor for w in words if w in COLORS or w in SHAPES})
 
 
 def _timed(fn, *args):
@@ -75,7 +62,7 @@ def evaluate_prompts(pipe, control: str, prompts: list[EvalPrompt], seeds: int, 
     """Prompt following with and without `control` ('excite' or 'reweight') on the same seeds."""
     records, seconds = [], {"plain": 0.0, "steered": 0.0}
     for k, p in enumerate(prompts):
-        settings = RunSettings(seed=k, steps=steps, guidance=guidance, num_images=seeds)
+        settings = Settings(seed=k, steps=steps, guidance=guidance, num_images=seeds)
         plain, seconds_plain = _timed(sample, pipe, p.prompt, settings)
         controller = build_controller(pipe, plan_for(control, p.prompt, factor), p.prompt)
         steered, seconds_steered = _timed(sample, pipe, p.prompt, settings, controller)
@@ -135,9 +122,9 @@ def evaluate_edits(pipe, prompts: list[EvalPrompt], seeds: int, steps: int, guid
     records, seconds = [], {"plain": 0.0, "steered": 0.0, "source": 0.0}
     edits = swap_edits(prompts)
     for n, (p, k, new, edited) in enumerate(edits):
-        settings = RunSettings(seed=n, steps=steps, guidance=guidance, num_images=seeds)
+        settings = Settings(seed=n, steps=steps, guidance=guidance, num_images=seeds)
         (source_images, recording), seconds_source = _timed(record_source, pipe, p.prompt, settings)
-        plan = SteeringPlan(edit=edited, cross_replace_steps=cross_replace_steps,
+        plan = ControlPlan(edit=edited, cross_replace_steps=cross_replace_steps,
                             self_replace_steps=self_replace_steps)
         controller = build_controller(pipe, plan, p.prompt, recording)
         replayed, seconds_steered = _timed(sample, pipe, edited, settings, controller)
@@ -199,26 +186,26 @@ def markdown(report: dict, title: str) -> str:
                   f"colour, shape and place (within {s['place_tolerance_px']} px).", "",
                   "| | success | swapped object changed | other object kept | seconds per image |",
                   "|---|---|---|---|---|",
-                  f"| edited prompt alone | {_fmt(wo['ok'])} | {_fmt(wo['changed'])} | {_fmt(wo['kept'])} | "
+                  f"| edited prompt alone | {fmt(wo['ok'])} | {fmt(wo['changed'])} | {fmt(wo['kept'])} | "
                   f"{sec['edited_alone']:.2f} |",
                   f"| with the source's attention replayed (cross {s['cross_replace_steps']}, self "
-                  f"{s['self_replace_steps']}) | {_fmt(w['ok'])} | {_fmt(w['changed'])} | {_fmt(w['kept'])} | "
+                  f"{s['self_replace_steps']}) | {fmt(w['ok'])} | {fmt(w['changed'])} | {fmt(w['kept'])} | "
                   f"{sec['replayed']:.2f} (+ {sec['source']:.2f} to record the source) |", ""]
         return "\n".join(lines)
     extra = f" (factor {s['factor']} on colour and shape words)" if s["control"] == "reweight" else ""
     lines += [f"Prompt following without and with {s['control']}{extra}, same prompts and seeds.", "",
               "| task | plain | steered | images |", "|---|---|---|---|"]
-    lines += [f"| {t} | {_fmt(r['plain'])} | {_fmt(r['steered'])} | {r['images']} |"
+    lines += [f"| {t} | {fmt(r['plain'])} | {fmt(r['steered'])} | {r['images']} |"
               for t, r in report["tasks"].items()]
-    lines += [f"| **overall** (mean of tasks) | **{_fmt(report['overall_plain'])}** | "
-              f"**{_fmt(report['overall_steered'])}** | |",
+    lines += [f"| **overall** (mean of tasks) | **{fmt(report['overall_plain'])}** | "
+              f"**{fmt(report['overall_steered'])}** | |",
               f"| background grain (0-255) | {report['grain_plain']:.2f} | {report['grain_steered']:.2f} | |",
               f"| seconds per image | {report['seconds_per_image_plain']:.2f} | "
               f"{report['seconds_per_image_steered']:.2f} | |", ""]
     return "\n".join(lines)
 
 
-def _fmt(x) -> str:
+def fmt(x) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
@@ -262,26 +249,3 @@ def write(report: dict, records: list[dict], folder: Path, title: str) -> Path:
     (folder / "report.md").write_text(markdown(report, title))
     before_after(records, folder / "before_after.png", title)
     return folder / "report.md"
-
-
-def main(pipe, args, seeds: int) -> int:
-    """`scripts/evaluate.py --control NAME`: run, write the report, print its headline; returns the exit code."""
-    import datetime
-    if not (args.reweight_factor == args.reweight_factor and abs(args.reweight_factor) < float("inf")):
-        print(f"error: --reweight-factor must be a finite number, got {args.reweight_factor}", file=sys.stderr)
-        return 2
-    date = datetime.date.today().isoformat()
-    out = Path(args.out) if args.out else Path("outputs/eval") / f"control-{args.control}-{date}"
-    report, records = run_control_evaluation(pipe, args.control, seeds, args.steps, args.guidance, args.quick,
-                                             args.reweight_factor, progress=not args.quiet)
-    report["model"], report["date"] = str(args.model or "shipped"), date
-    path = write(report, records, out, f"Steering by {args.control}: {report['model']} ({date})")
-    if args.control == "edit":
-        print(f"swaps succeeded: {_fmt(report['with_replay']['ok'])} with replay, "
-              f"{_fmt(report['without']['ok'])} without ({report['images']} images)")
-    else:
-        print(f"prompt following {report['overall_plain']:.3f} plain, {report['overall_steered']:.3f} with "
-              f"{args.control}; {report['seconds_per_image_plain']:.2f} vs {report['seconds_per_image_steered']:.2f} "
-              "s per image")
-    print(f"report: {path}")
-    return 0

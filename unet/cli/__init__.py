@@ -1,0 +1,15 @@
+"""What every command shares: one `UsageError` and `usage_error`, interrupts, partial folders, and the
+checks at the door (seed, settings, prompt, output folder, memory). Each command is a module here
+with a `main(argv)`; `scripts/*.py` are one-line front ends over them."""
+
+from crossattn.errors import UsageError, shorten, usage_error
+
+from .checks import MAX_SEED, check_model_settings, check_prompt, check_seed, check_settings
+from .folders import PARTIAL, check_out_dir, partial_folder, publish, publish_files, remove_stale_partials
+from .memory import available_memory, memory_estimate
+from .signals import Interrupted, interrupted, sigterm_as_interrupt
+
+__all__ = ["MAX_SEED", "PARTIAL", "Interrupted", "UsageError", "available_memory", "check_model_settings",
+           "check_out_dir", "check_prompt", "check_seed", "check_settings", "interrupted", "memory_estimate",
+           "partial_folder", "publish", "publish_files", "remove_stale_partials", "shorten", "sigterm_as_interrupt",
+           "usage_error"]

@@ -1,0 +1,61 @@
+"""Train a text-side ablation with the recipe of an existing run and quick-evaluate it.
+
+    python scripts/ablation.py runs/v1 --variant oracle --steps 800 --out runs/ablate-oracle
+    python scripts/ablation.py runs/v1 --variant bidirectional --steps 800 --out runs/ablate-bidir
+
+The variant trains with RUN's train_config.json (same U-Net, batch, seed, data), only the text side
+differs (unet/ablation.py); compare with RUN's snapshot at the same step (scripts/scaling.py, same
+quick evaluation and seeds). Writes OUT/ablation.json.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from unet.cli import usage_error
+from unet.eval.evaluate import run_evaluation
+from unet.eval.scaling import scaling_row, wall_minutes
+from unet.train import TrainConfig, Trainer
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="the run whose recipe to copy (its train_config.json)")
+    p.add_argument("--variant", required=True, choices=["clip", "bidirectional", "oracle"])
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--out", required=True, help="new run folder for the ablation")
+    p.add_argument("--seeds", type=int, default=4, help="images per prompt in the quick evaluation (default 4)")
+    p.add_argument("--guidance", type=float, default=None,
+                   help="guidance scale of the evaluation (default: the model's own, from its model_index.json)")
+    p.add_argument("--resume", action="store_true", help="continue OUT")
+    args = p.parse_args(argv)
+    config = Path(args.run) / "train_config.json"
+    if not config.exists():
+        return usage_error(f"{config} does not exist")
+    saved = json.loads(config.read_text())
+    known = {f.name for f in fields(TrainConfig)}
+    values = {k: tuple(v) if isinstance(v, list) and k != "sample_prompts" else v for k, v in saved.items()
+              if k in known}
+    values.update(out=args.out, steps=args.steps, text_variant=args.variant, snapshot_every=0, max_minutes=0.0,
+                  resume=args.resume)
+    try:
+        trainer = Trainer(TrainConfig(**values))
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        return usage_error(e)
+    trainer.train(progress=False)
+    torch.manual_seed(0)
+    report = run_evaluation(trainer.pipeline(), seeds=args.seeds, quick=True, dataset_images=32, progress=False,
+                            guidance=args.guidance)[0]
+    row = scaling_row(trainer.step, trainer.cfg.batch_size, wall_minutes(Path(args.out), trainer.step), report)
+    row["variant"] = args.variant
+    (Path(args.out) / "ablation.json").write_text(json.dumps(row, indent=1))
+    print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

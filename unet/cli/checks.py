@@ -1,0 +1,95 @@
+"""Checks at the door: every user value is checked once, before any work, and fails with one line."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from crossattn.errors import UsageError, shorten
+from crossattn.text import dropped_words, prompt_words
+
+from ..pipeline import Settings, default_size, size_multiple
+from .memory import available_memory, memory_estimate
+
+# torch.Generator.manual_seed and numpy's SeedSequence both take any 64-bit seed.
+MAX_SEED = 2 ** 64 - 1
+
+
+def check_seed(seed: int, flag: str = "--seed", top: int = MAX_SEED) -> None:
+    """Raise UsageError unless 0 <= seed <= top; the message names the flag and the range."""
+    if not 0 <= seed <= top:
+        bits = top.bit_length()
+        raise UsageError(f"{flag} must be an integer from 0 to 2**{bits} - 1, got {shorten(str(seed))}")
+
+
+def unseen_words(pipe, words: list[str]) -> list[str]:
+    """The words no training caption used ([] when the model does not say what it was trained on)."""
+    if pipe.trained_words is None:
+        return []
+    return [w for w in words if re.sub(r"\W", "", w.lower()) not in pipe.trained_words]
+
+
+def check_tokenizers_agree(pipe, prompt: str) -> None:
+    """SDXL's context is its two text encoders' hidden states side by side, position by position, and a
+    word's positions come from the first tokenizer: the second must split the prompt the same way
+    (real SDXL's do: one CLIP vocabulary, only the padding token differs)."""
+    second = getattr(pipe, "tokenizer_2", None)
+    if second is None:
+        return
+    first_words, second_words = prompt_words(pipe.tokenizer, prompt), prompt_words(second, prompt)
+    if [w.tokens for w in first_words] != [w.tokens for w in second_words]:
+        raise UsageError(f"tokenizer and tokenizer_2 of this model split the prompt differently "
+                         f"({[w.tokens for w in first_words]} vs {[w.tokens for w in second_words]} token positions "
+                         "per word), so a word's map would mix tokens of different words")
+
+
+def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None) -> list[str]:
+    """Validate one prompt; returns warnings. Raises UsageError naming the problem."""
+    if not prompt.strip():
+        raise UsageError("empty prompt: give some words, e.g. \"a red circle\"")
+    cut = dropped_words(pipe.tokenizer, prompt)
+    if cut and not settings.truncate:
+        raise UsageError(f"prompt is longer than the tokenizer's {pipe.tokenizer.model_max_length} tokens; these "
+                         f"words would be dropped: {shorten(' '.join(cut), 200)} (shorten it, or pass --truncate "
+                         "to accept)")
+    prompt_list = [w.text for w in prompt_words(pipe.tokenizer, prompt)]
+    check_tokenizers_agree(pipe, prompt)
+    missing = [w for w in words or [] if w not in prompt_list]
+    if missing:
+        raise UsageError(f"--words {shorten(repr(missing), 200)} not in the prompt; its words are: "
+                         f"{shorten(repr(prompt_list), 200)}")
+    notes = []
+    unseen = unseen_words(pipe, prompt_list)
+    if unseen:
+        notes.append(f"the model never saw these words in training: {unseen}; their maps show what an "
+                     "untrained embedding attracts")
+    return notes
+
+
+def check_settings(settings: Settings) -> None:
+    """The checks that need no model: raise UsageError naming the bad value and what is accepted."""
+    for flag, value in (("--steps", settings.steps), ("--num-images", settings.num_images)):
+        if value < 1:
+            raise UsageError(f"{flag} must be a positive integer, got {value}")
+    if settings.guidance is not None and not math.isfinite(settings.guidance):
+        raise UsageError(f"--guidance must be a finite number (<= 1 turns guidance off), got {settings.guidance}")
+    check_seed(settings.seed)
+    for flag, value in (("--height", settings.height), ("--width", settings.width)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive number of pixels, got {value}")
+
+
+def check_model_settings(pipe, settings: Settings) -> None:
+    """The checks that need the model: sizes, steps within the scheduler's range, memory."""
+    multiple = size_multiple(pipe)
+    for flag, value in (("--height", settings.height), ("--width", settings.width)):
+        if value is not None and value % multiple:
+            raise UsageError(f"{flag} must be a multiple of {multiple} for this model, got {value}")
+    limit = pipe.scheduler.config.num_train_timesteps
+    if settings.steps > limit:
+        raise UsageError(f"--steps must be at most {limit} (the scheduler's training timesteps), got {settings.steps}")
+    need, free = memory_estimate(pipe, settings), available_memory(pipe.device)
+    if free is not None and need > free:
+        size = f"{settings.height or default_size(pipe)}x{settings.width or default_size(pipe)}"
+        raise UsageError(f"this run would need about {need / 2**30:.1f} GiB ({size}, {settings.num_images} images) "
+                         f"but {pipe.device} has {free / 2**30:.1f} GiB free; use a smaller size or fewer images")

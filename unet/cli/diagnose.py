@@ -1,0 +1,134 @@
+"""Evidence for the colour collapse and for grain: what sampling settings do to colour and background.
+
+    python scripts/diagnose.py first-step --model PATH --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py grain --model PATH --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py unconditional --model PATH --out outputs/examples/diagnosis/NAME
+
+first-step: for single-object colour prompts, samples the same seeds twice: with trailing DDIM, whose first step is
+t = T (for an epsilon model at ~zero SNR, the x0 estimate there is noise amplified by 1/sqrt(alpha_bar)),
+and with the first step moved to t = 0.96 T (DDIM's "leading" spacing). Reports the size of the first
+x0 estimate, how much of it is clipped, colour accuracy, and which colours the detector found.
+unconditional: which colours the detector finds in images sampled from the empty prompt, and the hue
+of the palette's mean colour (where an undecided colour averages to).
+grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
+guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
+guidance, step count and the model's own low-noise denoising apart.
+"""
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from unet.cli import UsageError, usage_error
+from unet.data import COLORS, SHAPES
+from unet.eval.detect import detect
+from unet.eval.evaluate import background_grain
+from unet.pipeline import load_pipeline, make_scheduler
+
+
+def first_step_x0(pipe, prompts, seed: int) -> dict:
+    """Mean |x0| and the clipped share of the guided x0 estimate at the first trailing step."""
+    sched = pipe.scheduler
+    sched.set_timesteps(25)
+    t = sched.timesteps[0]
+    B = len(prompts)
+    x = torch.randn((B, 3, 32, 32), generator=torch.Generator().manual_seed(seed))
+    context = torch.cat([pipe.encode_prompt([""] * B), pipe.encode_prompt(prompts)])
+    with torch.no_grad():
+        pred_uncond, pred_cond = pipe.unet(torch.cat([x, x]), t, encoder_hidden_states=context).chunk(2)
+    pred = pred_uncond + 4.0 * (pred_cond - pred_uncond)
+    a = sched.alphas_cumprod[int(t)]
+    if sched.config.prediction_type == "v_prediction":
+        x0 = a.sqrt() * x - (1 - a).sqrt() * pred
+    else:
+        x0 = (x - (1 - a).sqrt() * pred) / a.sqrt()
+    return {"t": int(t), "alpha_bar": float(a), "mean_abs_x0": float(x0.abs().mean()),
+            "clipped_share": float((x0.abs() > 1).float().mean())}
+
+
+def colour_run(pipe, prompts, colours, seeds: int, spacing: str) -> dict:
+    pipe.scheduler = make_scheduler("ddim", pipe.scheduler.config)
+    if spacing == "leading":
+        pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, timestep_spacing="leading")
+    images = pipe(prompts, num_images_per_prompt=seeds, generator=torch.Generator().manual_seed(0),
+                  output_type="np", show_progress=False).images
+    detections = [detect(image) for image in images]
+    found = Counter(d.color for dets in detections for d in dets)
+    pipe.scheduler.set_timesteps(25)
+    return {"first_timestep": int(pipe.scheduler.timesteps[0]),
+            "colour_accuracy": colour_accuracy(detections, colours, seeds),
+            "detected_colours": dict(found), "images": len(images)}
+
+
+def colour_accuracy(detections, colours, seeds: int) -> float:
+    """Share of images whose largest object has the prompt's colour (image i belongs to prompt i // seeds)."""
+    return float(np.mean([bool(dets) and dets[0].color == colours[i // seeds] for i, dets in enumerate(detections)]))
+
+
+def unconditional_colours(pipe, images: int) -> dict:
+    """Detected colours in images sampled from the empty prompt (no guidance), and the palette's mean."""
+    out = pipe([""] * images, guidance_scale=1.0, generator=torch.Generator().manual_seed(0), output_type="np",
+               show_progress=False).images
+    found = Counter(d.color for image in out for d in detect(image))
+    mean = np.mean(list(COLORS.values()), axis=0)
+    return {"images": images, "detected_colours": dict(found),
+            "palette_mean_rgb": [round(float(v), 1) for v in mean],
+            "palette_mean_nearest_hue": detect(np.tile(mean.round().astype(np.uint8), (8, 8, 1)))[0].color}
+
+
+# (steps, guidance scale, lowest guided timestep, guidance rescale)
+SETTINGS = ((25, 4.0, 0, 0.0), (25, 1.0, 0, 0.0), (25, 1.5, 0, 0.0), (25, 2.0, 0, 0.0), (50, 4.0, 0, 0.0),
+            (25, 4.0, 400, 0.0), (25, 4.0, 0, 0.7), (25, 2.0, 0, 0.7), (25, 2.0, 400, 0.7), (25, 1.5, 400, 0.0))
+
+
+def grain_runs(pipe, prompts, colours, seeds: int) -> dict:
+    """Grain and colour accuracy per (steps, guidance, lowest guided timestep)."""
+    out = {}
+    for steps, guidance, min_t, rescale in SETTINGS:
+        images = pipe(prompts, num_images_per_prompt=seeds, num_inference_steps=steps, guidance_scale=guidance,
+                      guidance_min_t=min_t, guidance_rescale=rescale, generator=torch.Generator().manual_seed(0),
+                      output_type="np", show_progress=False).images
+        found = [detect(image) for image in images]
+        grain = [background_grain(image, dets) for image, dets in zip(images, found)]
+        out[f"steps={steps} guidance={guidance} guided t>={min_t} rescale={rescale}"] = {
+            "grain_mean": float(np.mean(grain)), "colour_accuracy": colour_accuracy(found, colours, seeds),
+            "images": len(images)}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["first-step", "grain", "unconditional"])
+    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
+    p.add_argument("--out", required=True, help="folder for <what>.json")
+    p.add_argument("--seeds", type=int, default=4)
+    args = p.parse_args(argv)
+    try:
+        pipe = load_pipeline(args.model)
+    except UsageError as e:
+        return usage_error(e)
+    colours = [c for c in COLORS for _ in SHAPES]
+    prompts = [f"a {c} {s}" for c in COLORS for s in SHAPES]
+    result = {"model": str(args.model or "shipped"), "prediction_type": pipe.scheduler.config.prediction_type}
+    if args.what == "first-step":
+        result.update(first_step=first_step_x0(pipe, prompts, 0),
+                      trailing=colour_run(pipe, prompts, colours, args.seeds, "trailing"),
+                      leading=colour_run(pipe, prompts, colours, args.seeds, "leading"))
+    elif args.what == "grain":
+        result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
+    else:
+        result["unconditional"] = unconditional_colours(pipe, 12 * args.seeds)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.what}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

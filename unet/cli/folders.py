@@ -1,0 +1,108 @@
+"""Output folders: checked before any work, written whole or not at all.
+
+A result is written into a hidden `.partial-<pid>-*` folder and renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from crossattn.errors import UsageError, shorten
+
+PARTIAL = ".partial-"  # prefix of the hidden folder a result is written into before it is renamed into place
+
+
+def check_out_dir(out: Path, flag: str = "--out") -> None:
+    """Raise UsageError unless `out` is a writable folder or can be created as one. Creates nothing."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"{flag} {out} is a file, not a folder")
+        existing = out.absolute()
+        while not existing.exists():
+            existing = existing.parent
+    except (OSError, ValueError) as e:  # e.g. a name with a NUL byte, or a path too long
+        raise UsageError(f"{flag} {shorten(str(out))} is not a usable path: {e}") from e
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {out} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {out} is not writable: no permission to write in {existing}")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_partials(out: Path) -> list[Path]:
+    """Delete `.partial-<pid>-*` folders whose process is gone (a run killed with SIGKILL or a power cut).
+
+    Folders of runs still going are left alone; older `.partial-*` names without a pid are never read.
+    """
+    removed = []
+    for folder in out.glob(f"{PARTIAL}*"):
+        pid = folder.name[len(PARTIAL):].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _normal_permissions(folder: Path) -> None:
+    """What `mkdir` and `open` would have given under the user's umask (temp folders are made private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+@contextlib.contextmanager
+def partial_folder(out: Path):
+    """Yield a new hidden folder `out/.partial-<pid>-*` to write a result into; `publish` renames it into
+    place. On any error or interrupt the folder goes, and so do `out` and its parents if this made them."""
+    created = [p for p in [out.absolute(), *out.absolute().parents] if not p.exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{PARTIAL}{os.getpid()}-", dir=out))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for folder in created:  # deepest first; stops at the first that is not empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def publish(tmp: Path, final: Path) -> Path:
+    """Rename the finished `tmp` folder to `final` (replacing an existing `final`, for --overwrite)."""
+    _normal_permissions(tmp)
+    old = None
+    if final.exists():  # moved aside first, so `final` is never missing half-way
+        old = Path(tempfile.mkdtemp(prefix=f"{PARTIAL}{os.getpid()}-old-", dir=final.parent))
+        final.rename(old / final.name)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def publish_files(tmp: Path, out: Path, paths: list[Path]) -> list[Path]:
+    """Move finished files from `tmp` into the existing folder `out` (each replaced whole), then drop `tmp`."""
+    _normal_permissions(tmp)
+    moved = []
+    for path in paths:
+        os.replace(path, out / path.name)
+        moved.append(out / path.name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return moved

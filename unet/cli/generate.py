@@ -1,0 +1,209 @@
+"""Generate images from prompts and save, for every word, where the image attended to it.
+
+    python scripts/generate.py "a red circle left of a blue square" --seed 0
+
+Writes one new folder per prompt under --out: image PNGs (prompt and seed in text chunks),
+overlay.png, words/<i>_<word>.png, maps.safetensors and meta.json. Works with the shipped model
+(default), any folder this project's training wrote, or a Stable Diffusion folder on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import re
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from PIL import Image, PngImagePlugin
+from safetensors.torch import save_file
+
+from crossattn.capture import AttentionStore
+from crossattn.maps import NORMALIZATIONS, merge_words, token_maps
+from crossattn.overlay import overlay_grid, to_uint8, word_overlay
+from crossattn.text import prompt_words
+from crossattn.viewer import write_run_page
+
+from ..control import add_control_args, control_one, plan_control
+from ..pipeline import PRETRAINED, SCHEDULERS, ScenePipeline, Settings, default_guidance, load_pipeline
+from . import (
+    UsageError,
+    check_model_settings,
+    check_out_dir,
+    check_prompt,
+    check_settings,
+    interrupted,
+    partial_folder,
+    publish,
+    sigterm_as_interrupt,
+    usage_error,
+)
+
+
+def _slug(prompt: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:60] or "prompt"
+
+
+def _new_folder(out: Path, name: str, overwrite: bool) -> Path:
+    target = out / name
+    if overwrite or not target.exists():
+        return target
+    k = 2
+    while (out / f"{name}-{k}").exists():
+        k += 1
+    return out / f"{name}-{k}"
+
+
+def _versions() -> dict:
+    from importlib.metadata import version
+    return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": version("diffusers"),
+            "transformers": version("transformers"), "crossattn": version("crossattn"), "machine": platform.machine()}
+
+
+def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_name: str,
+                 words_filter: list[str] | None = None, overwrite: bool = False, show_progress: bool = True) -> Path:
+    """Generate `settings.num_images` images for `prompt` and write its folder; returns the folder."""
+    check_settings(settings)
+    if settings.guidance is None:
+        settings = dataclasses.replace(settings, guidance=default_guidance(pipe))
+    check_model_settings(pipe, settings)
+    timings = {}
+    words = prompt_words(pipe.tokenizer, prompt)
+    generator = torch.Generator(device="cpu").manual_seed(settings.seed)
+    store = AttentionStore.for_pipeline(pipe, self_attention=settings.self_attention)
+    t0 = time.perf_counter()
+    with store.attach(pipe.unet):  # the store tells the guided halves apart by itself
+        kwargs = dict(num_inference_steps=settings.steps, guidance_scale=settings.guidance, generator=generator,
+                      num_images_per_prompt=settings.num_images, height=settings.height, width=settings.width,
+                      output_type="np")
+        if isinstance(pipe, ScenePipeline):
+            images = pipe(prompt, show_progress=show_progress, **kwargs).images
+        else:
+            pipe.set_progress_bar_config(disable=not show_progress)
+            images = pipe(prompt, **kwargs).images
+    timings["sampling_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    images = to_uint8(images)  # (N, H, W, 3)
+    size = images.shape[1:3]
+    tokens = token_maps(store, size)  # (N, T, H, W)
+    maps = torch.stack([merge_words(t, words, settings.normalize) for t in tokens])  # (N, words, H, W)
+    tensors = {f"{w.index}_{w.text}": maps[:, w.index].contiguous() for w in words}
+    for layer in sorted(store.layers):
+        if not store.is_cross[layer]:
+            continue
+        per_layer = token_maps(store, size, layers=[layer])
+        for w in words:
+            tensors[f"layer/{layer}/{w.index}_{w.text}"] = torch.stack(
+                [merge_words(t, [w], settings.normalize)[0] for t in per_layer]).contiguous()
+    timings["maps_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with partial_folder(out_dir) as tmp:  # renamed into place only when complete; removed on any error
+        final = _new_folder(out_dir, f"{_slug(prompt)}-s{settings.seed}", overwrite)
+        names = []
+        for k, image in enumerate(images):
+            info = PngImagePlugin.PngInfo()
+            info.add_text("prompt", prompt)
+            info.add_text("seed", str(settings.seed))
+            info.add_text("index", str(k))
+            names.append(f"image_{k}.png")
+            Image.fromarray(image).save(tmp / names[-1], pnginfo=info)
+        shown = [w for w in words if words_filter is None or w.text in words_filter]
+        vmax = float(maps[0, [w.index for w in shown]].max()) if shown else None
+        for k, image in enumerate(images):
+            overlay_grid(image, maps[k, [w.index for w in shown]], [w.text for w in shown],
+                         tmp / ("overlay.png" if k == 0 else f"overlay_{k}.png"), title=prompt, vmax=vmax)
+        (tmp / "words").mkdir()
+        for w in shown:
+            word_overlay(images[0], maps[0, w.index], w.text, tmp / "words" / f"{w.index}_{_slug(w.text)}.png",
+                         vmax=vmax)
+        save_file(tensors, str(tmp / "maps.safetensors"), metadata={"prompt": prompt, "normalize": settings.normalize})
+        timings["write_s"] = time.perf_counter() - t0
+        meta = {
+            "prompt": prompt, "words": [asdict(w) for w in words], "shown_words": [w.text for w in shown],
+            "seed": settings.seed, "steps": settings.steps, "guidance": settings.guidance,
+            "scheduler": type(pipe.scheduler).__name__, "num_images": len(images), "height": int(size[0]),
+            "width": int(size[1]), "normalize": settings.normalize, "model": model_name, "images": names,
+            "layers": {name: list(store.layer_shapes[name]) for name in store.layers},
+            "timings": {k: round(v, 3) for k, v in timings.items()}, "versions": _versions(),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        write_run_page(tmp, store, words, meta)  # index.html + viewer_data.js: the run in a browser
+        return publish(tmp, final)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="generate.py",
+        description="Generate images from prompts and save each word's cross-attention map over the image.",
+        epilog="Each prompt gets a new folder under --out with image_*.png, overlay.png, words/, "
+               "maps.safetensors and meta.json. Existing folders are never overwritten unless --overwrite.")
+    p.add_argument("prompts", nargs="+", help="one or more prompts, each in quotes")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, prompt, device: same image and maps)")
+    p.add_argument("--steps", type=int, default=25, help="denoising steps (default 25)")
+    p.add_argument("--guidance", type=float, default=None,
+                   help="classifier-free guidance scale; <=1 turns it off (default: the model's own: 1 for the "
+                        "shipped model, which samples best unguided; 7.5 for Stable Diffusion folders)")
+    p.add_argument("--num-images", type=int, default=1, help="images per prompt (default 1)")
+    p.add_argument("--height", type=int, default=None, help="image height (default: the model's size)")
+    p.add_argument("--width", type=int, default=None, help="image width (default: the model's size)")
+    p.add_argument("--words", nargs="+", default=None, help="only these words in the overlays (default: all)")
+    p.add_argument("--model", default=None, help="pipeline folder: ours or a Stable Diffusion folder "
+                                                 "(default: the shipped model)")
+    p.add_argument("--scheduler", default="ddim", choices=list(SCHEDULERS), help="sampler (default ddim)")
+    p.add_argument("--normalize", default="raw", choices=NORMALIZATIONS, help="map normalisation (default raw: "
+                   "each pixel's share of attention on the word)")
+    p.add_argument("--out", default="outputs", help="parent folder for the results (default outputs/)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cuda (default: cpu)")
+    p.add_argument("--self-attention", action="store_true", help="also record self-attention (more memory)")
+    p.add_argument("--truncate", action="store_true", help="accept prompts longer than the tokenizer allows")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder of the same name")
+    p.add_argument("--quiet", action="store_true", help="no progress or loading bars")
+    add_control_args(p)  # --reweight, --excite, --edit: a controlled run beside the plain one
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    settings = Settings(args.seed, args.steps, args.guidance, args.num_images, args.height, args.width,
+                        args.normalize, args.scheduler, args.self_attention, args.truncate)
+    with sigterm_as_interrupt():
+        try:
+            # every check before any model work: a bad value costs nothing and leaves nothing behind
+            check_settings(settings)
+            check_out_dir(Path(args.out))
+            pipe = load_pipeline(args.model, args.scheduler, args.device, show_progress=not args.quiet)
+            if settings.guidance is None:
+                settings = dataclasses.replace(settings, guidance=default_guidance(pipe))
+            check_model_settings(pipe, settings)
+            notes = [n for prompt in args.prompts for n in check_prompt(pipe, prompt, settings, args.words)]
+            notes += check_prompt(pipe, args.edit, settings, None) if args.edit is not None else []
+            plan = plan_control(pipe, args)
+        except UsageError as e:
+            return usage_error(e)
+        except KeyboardInterrupt as e:
+            return interrupted(e, "nothing was written")
+        for note in notes:
+            print(f"warning: {note}", file=sys.stderr)
+        model_name = str(args.model or "shipped:" + PRETRAINED.name)
+        try:
+            for prompt in args.prompts:
+                folder = generate_one(pipe, prompt, settings, Path(args.out), model_name, args.words, args.overwrite,
+                                      show_progress=not args.quiet)
+                print(folder)
+                if plan is not None:
+                    folder = control_one(pipe, plan, prompt, settings, folder, show_progress=not args.quiet)
+                    print(folder / "compare.png")
+        except KeyboardInterrupt as e:
+            return interrupted(e, "no half-written folder left; the folders printed above are complete")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
