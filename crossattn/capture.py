@@ -15,6 +15,7 @@ import math
 import torch
 
 from .attention import CrossAttention
+from .hooks import AttentionHooks, guided_batch  # noqa: F401 -- guided_batch: old imports
 
 
 def layer_hw(num_queries: int, image_hw: tuple[int, int]) -> tuple[int, int]:
@@ -30,25 +31,12 @@ def layer_hw(num_queries: int, image_hw: tuple[int, int]) -> tuple[int, int]:
     raise ValueError(f"cannot place {num_queries} queries on a downsampled {H}x{W} grid")
 
 
-def guided_batch(sample: torch.Tensor) -> bool:
-    """Whether a denoiser's input batch `sample` (B, C, H, W) is classifier-free guidance's [uncond, cond].
-
-    Every guided pipeline (ours; diffusers' SD 1.x/2.x and SDXL: `torch.cat([latents] * 2)`) feeds
-    the same latents twice, so the two halves are bit-identical; without guidance each image has its
-    own noise and they differ. The text side cannot tell: two prompts without guidance also differ
-    half to half, and SDXL's zeroed negative prompt is just another context. Hooking the pipeline
-    instead would need one hook per pipeline class and would miss direct calls of the model.
-    """
-    B = sample.shape[0]
-    return B % 2 == 0 and torch.equal(sample[:B // 2], sample[B // 2:])
-
-
 # The timesteps of diffusers' DDPM default, for a bare model with no scheduler to ask; a pipeline's store
 # takes its scheduler's through `AttentionStore.for_pipeline`.
 DEFAULT_TIMESTEPS = 1000
 
 
-class AttentionStore:
+class AttentionStore(AttentionHooks):
     """Running sums of attention weights, per layer and timestep window.
 
     self_attention: also record self-attention (weights are (heads, N, N): large at high resolution).
@@ -62,70 +50,38 @@ class AttentionStore:
     def __init__(self, self_attention: bool = False, windows: int = 10, num_train_timesteps: int = DEFAULT_TIMESTEPS):
         if windows < 1:
             raise ValueError(f"windows must be >= 1, got {windows}")
+        super().__init__()
         self.self_attention, self.windows, self.num_train_timesteps = self_attention, windows, num_train_timesteps
-        self.guided = False  # learned at every model call: True when the batch is [uncond, cond]
         self.sums: dict[tuple[str, int], torch.Tensor] = {}
         self.counts: dict[tuple[str, int], int] = {}
         self.layer_shapes: dict[str, tuple[int, int]] = {}
         self.is_cross: dict[str, bool] = {}
-        self._names: dict[int, str] = {}
-        self._timestep = 0
-        self._image_hw: tuple[int, int] | None = None
-        self._undo: list = []
 
     @classmethod
     def for_pipeline(cls, pipe, **kwargs) -> AttentionStore:
         """A store whose timestep windows span `pipe`'s scheduler's training timesteps."""
         return cls(num_train_timesteps=pipe.scheduler.config.num_train_timesteps, **kwargs)
 
-    # --- attaching
-    def attach(self, model: torch.nn.Module) -> AttentionStore:
-        """Record every attention of `model` until `detach` (or the end of `with store.attach(model):`).
+    # --- attaching (crossattn.hooks): every cross-attention, and self-attention if asked
+    def wants(self, cross: bool) -> bool:
+        return cross or self.self_attention
 
-        A model takes one store at a time: a second store would take over the first one's hooks,
-        so attaching one where another is attached raises.
-        """
-        if self._undo:
-            raise RuntimeError("this AttentionStore is already attached; detach it first")
+    def hook(self, module: CrossAttention):
+        module.observer = self.record
+        return lambda: setattr(module, "observer", None)
+
+    def processor(self, inner, name: str, cross: bool):
+        return CaptureProcessor(self, name, cross)
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        # a second store would take over the first one's hooks
         if _attached_store(model) is not None:
             raise RuntimeError(f"{type(model).__name__} already has an AttentionStore attached (one store per model "
                                "at a time); detach that store first or reuse it")
-        self._undo.append(model.register_forward_pre_hook(self._before_model, with_kwargs=True).remove)
-        if hasattr(model, "attn_processors") and hasattr(model, "set_attn_processor"):
-            self._attach_diffusers(model)
-        else:
-            for name, module in model.named_modules():
-                if isinstance(module, CrossAttention) and (module.is_cross_attention or self.self_attention):
-                    self._names[id(module)] = name
-                    module.observer = self.record
-                    self._undo.append(lambda m=module: setattr(m, "observer", None))
+
+    def check_attached(self, model: torch.nn.Module) -> None:
         if not self._names:
-            self.detach()
             raise ValueError(f"{type(model).__name__} has no attention layers to capture")
-        return self
-
-    def _attach_diffusers(self, unet) -> None:
-        before = dict(unet.attn_processors)
-        processors = {}
-        for key, proc in before.items():
-            name = key.rsplit(".processor", 1)[0]
-            cross = name.endswith("attn2")
-            processors[key] = CaptureProcessor(self, name, cross) if cross or self.self_attention else proc
-            if cross or self.self_attention:
-                self._names[id(processors[key])] = name
-        unet.set_attn_processor(dict(processors))  # diffusers pops from the dict it gets: pass a copy
-        self._undo.append(lambda: unet.set_attn_processor(dict(before)))
-
-    def detach(self) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._undo.clear()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.detach()
 
     def reset(self) -> None:
         """Forget everything recorded (sums, counts, layer shapes, last timestep and image size); stays attached."""
@@ -138,11 +94,7 @@ class AttentionStore:
 
     # --- recording
     def _before_model(self, module, args, kwargs):
-        sample = args[0] if args else kwargs["sample"]
-        timestep = args[1] if len(args) > 1 else kwargs["timestep"]
-        self._image_hw = tuple(sample.shape[-2:])
-        self._timestep = float(torch.as_tensor(timestep).reshape(-1)[0])
-        self.guided = guided_batch(sample)  # classifier-free guidance, seen in the input, told by no one
+        super()._before_model(module, args, kwargs)
         if not 0 <= self._timestep <= self.num_train_timesteps:  # windows would silently clamp
             raise ValueError(f"timestep {self._timestep:g} is outside [0, {self.num_train_timesteps}]: create the "
                              "store with num_train_timesteps=<the scheduler's config.num_train_timesteps>")

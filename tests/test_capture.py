@@ -103,7 +103,7 @@ def test_attach_twice_and_empty_model_errors(tiny_pipeline):
 
 
 def test_read_api_and_reset_forgets_everything(tiny_pipeline):
-    store = AttentionStore(windows=4, num_train_timesteps=tiny_pipeline.scheduler.config.num_train_timesteps)
+    store = AttentionStore.for_pipeline(tiny_pipeline, windows=4)
     with store.attach(tiny_pipeline.unet):
         run(tiny_pipeline, store, steps=4, prompt=["a red circle"] * 3)
         layer = store.layers[0]

@@ -117,7 +117,7 @@ def test_our_capture_on_the_reference_pipeline_gives_daams_maps():
     pipe = StableDiffusionPipeline.from_pretrained(REFERENCE / "pipe", local_files_only=True, safety_checker=None,
                                                    requires_safety_checker=False)
     pipe.set_progress_bar_config(disable=True)
-    store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    store = AttentionStore.for_pipeline(pipe)
     with store.attach(pipe.unet):  # nobody tells the store about guidance: it must keep the prompt half itself
         pipe(PROMPT, height=settings["height"], width=settings["width"], guidance_scale=settings["guidance_scale"],
              num_inference_steps=settings["num_inference_steps"], generator=torch.Generator("cpu").manual_seed(0))
@@ -154,7 +154,7 @@ def test_daams_threshold_rule_rescales_by_the_range():
 
 def test_evaluation_daam_baseline_is_daams_recipe(tiny_pipeline):
     from unet.eval.evaluate import THRESHOLD_RULE, Batch, map_scores, method_maps
-    store = AttentionStore(num_train_timesteps=tiny_pipeline.scheduler.config.num_train_timesteps)
+    store = AttentionStore.for_pipeline(tiny_pipeline)
     with store.attach(tiny_pipeline.unet):
         tiny_pipeline(["a red circle", "a blue square"], num_inference_steps=2, output_type="np",
                       generator=torch.Generator().manual_seed(0), show_progress=False)

@@ -98,7 +98,7 @@ def sample(pipe, size, guidance=5.0, **kw):
 def test_capture_on_gives_the_same_images_as_capture_off(pipes, kind, size):
     pipe = pipes[kind]
     expected = sample(pipe, size)
-    store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    store = AttentionStore.for_pipeline(pipe)
     with store.attach(pipe.unet):
         got = sample(pipe, size)
     assert got.shape == (1, *size, 3)
@@ -135,14 +135,14 @@ def test_the_store_keeps_the_prompt_conditioned_half(pipes, kind):
     pipe = pipes[kind]
     calls = []
     hook = pipe.unet.register_forward_pre_hook(lambda m, args, kwargs: calls.append((args, kwargs)), with_kwargs=True)
-    guided = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    guided = AttentionStore.for_pipeline(pipe)
     try:
         with guided.attach(pipe.unet):
             sample(pipe, SQUARE)
     finally:
         hook.remove()
     assert len(calls) == STEPS and calls[0][0][0].shape[0] == 2
-    alone = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    alone = AttentionStore.for_pipeline(pipe)
     with torch.no_grad(), alone.attach(pipe.unet):
         for args, kwargs in calls:
             pipe.unet(*[_second_half(a, 2) for a in args], **_second_half(kwargs, 2))
@@ -150,7 +150,7 @@ def test_the_store_keeps_the_prompt_conditioned_half(pipes, kind):
     assert guided.sums.keys() == alone.sums.keys()
     for key in guided.sums:
         assert torch.allclose(guided.sums[key], alone.sums[key], atol=1e-5), key
-    unguided = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    unguided = AttentionStore.for_pipeline(pipe)
     with unguided.attach(pipe.unet):
         sample(pipe, SQUARE, guidance=1.0, num_images_per_prompt=2)
     assert not unguided.guided and unguided.batch_size == 2

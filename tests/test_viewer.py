@@ -46,7 +46,7 @@ def decode(block: dict, shape) -> np.ndarray:
 
 def rerun_store(pipe, prompt=PROMPT, seed=0, steps=3, guidance=4.0, num_images=2):
     """The same sampling as run_dir's (same seed: same weights), with the store kept for reference maps."""
-    store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    store = AttentionStore.for_pipeline(pipe)
     with store.attach(pipe.unet):
         pipe(prompt, num_inference_steps=steps, guidance_scale=guidance,
              generator=torch.Generator().manual_seed(seed), output_type="np", show_progress=False,

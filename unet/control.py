@@ -136,7 +136,7 @@ def build_controller(pipe, plan: ControlPlan, prompt: str, recording=None) -> Co
     if plan.edit is not None:
         edit = Edit(recording, align_prompts(pipe.tokenizer, prompt, plan.edit), plan.cross_replace_steps,
                     plan.self_replace_steps, plan.local_blend)
-    return Controller(reweight, edit, excite, num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    return Controller.for_pipeline(pipe, reweight=reweight, edit=edit, excite=excite)
 
 
 def sample(pipe, prompt: str, settings, controller: Controller | None = None, store: AttentionStore | None = None,
@@ -160,7 +160,7 @@ def sample(pipe, prompt: str, settings, controller: Controller | None = None, st
 def record_source(pipe, prompt: str, settings, show_progress: bool = False):
     """(images, recording): the plain prompt sampled with a recorder; an edit replays the recording (same
     seed, same images as the plain run)."""
-    recorder = Controller(record=True, num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    recorder = Controller.for_pipeline(pipe, record=True)
     images = sample(pipe, prompt, settings, recorder, show_progress=show_progress)
     return images, recorder.recording
 

@@ -90,7 +90,7 @@ def sample(pipe, prompts, steps, store=None, seed=0):
 
 
 def capture_overhead(pipe, prompts, steps, repeats) -> dict:
-    store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+    store = AttentionStore.for_pipeline(pipe)
 
     def with_store():
         store.reset()
@@ -104,7 +104,7 @@ def capture_bytes(pipe, step_counts) -> dict:
     """Store size after n steps, next to what keeping every step's weights would take."""
     out = {}
     for steps in step_counts:
-        store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+        store = AttentionStore.for_pipeline(pipe)
         with store.attach(pipe.unet):
             sample(pipe, ["a red circle left of a blue square"], steps, store)
         per_step = store.nbytes() / len(store.recorded_windows())  # one window holds one step's size

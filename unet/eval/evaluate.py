@@ -160,7 +160,7 @@ def generate_batches(pipe, prompts: list[EvalPrompt], seeds: int, base_seed: int
     records, batches = [], []
     for start in range(0, len(prompts), prompts_per_batch):
         chunk = prompts[start:start + prompts_per_batch]
-        store = AttentionStore(num_train_timesteps=pipe.scheduler.config.num_train_timesteps)
+        store = AttentionStore.for_pipeline(pipe)
         with store.attach(pipe.unet):
             images = pipe([p.prompt for p in chunk], num_images_per_prompt=seeds, num_inference_steps=steps,
                           guidance_scale=guidance, generator=torch.Generator().manual_seed(base_seed + start),
@@ -191,7 +191,7 @@ def dataset_batch(pipe, n: int, timestep: int, seed: int = 123) -> Batch:
     sched = DDPMScheduler.from_config(pipe.scheduler.config)  # the model's own noise schedule
     t = torch.full((n,), timestep)
     noisy = sched.add_noise(x0, torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed)), t)
-    store = AttentionStore(num_train_timesteps=sched.config.num_train_timesteps)
+    store = AttentionStore.for_pipeline(pipe)  # the same config as `sched`
     with torch.no_grad(), store.attach(pipe.unet):
         pipe.unet(noisy.to(pipe.device), t.to(pipe.device),
                   encoder_hidden_states=pipe.encode_prompt([s.caption for s in scenes]))
