@@ -74,6 +74,16 @@ def _coverage(shape: str, cx: float, cy: float, size: float, height: int, width:
     return inside.reshape(height, ss, width, ss).mean(axis=(1, 3))
 
 
+def scenes_to_tensor(scenes: list) -> torch.Tensor:
+    """(B, 3, H, W) uint8 images of drawn scenes (each `.image` is (H, W, 3) uint8)."""
+    return torch.from_numpy(np.stack([s.image for s in scenes])).permute(0, 3, 1, 2).contiguous()
+
+
+def to_model_range(images: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels (any shape) as the model's floats in [-1, 1]."""
+    return images.float() / 127.5 - 1
+
+
 def render(objects: list[tuple[str, str, float, float, float]], height: int = 32, width: int = 32):
     """Draw (color, shape, cx, cy, size) objects on black; later objects cover earlier ones.
 
@@ -186,14 +196,13 @@ class SceneDataset(torch.utils.data.Dataset):
         return len(self.captions)
 
     def __getitem__(self, i):
-        return self.images[i].float() / 127.5 - 1, self.captions[i]  # pixels in [-1, 1]
+        return to_model_range(self.images[i]), self.captions[i]
 
     @classmethod
     def generate(cls, n: int, seed: int = 0, height: int = 32, width: int = 32, split: str = "train"):
         sampler = SceneSampler(seed, height, width, split)
         scenes = [sampler() for _ in range(n)]
-        images = torch.from_numpy(np.stack([s.image for s in scenes])).permute(0, 3, 1, 2).contiguous()
-        return cls(images, [s.caption for s in scenes])
+        return cls(scenes_to_tensor(scenes), [s.caption for s in scenes])
 
     def save(self, folder: str | Path) -> None:
         folder = Path(folder)

@@ -19,6 +19,7 @@ from diffusers.utils import BaseOutput
 from PIL import Image
 
 from crossattn.errors import UsageError, shorten  # noqa: F401 -- UsageError: old imports
+from crossattn.overlay import to_uint8
 
 SD_GUIDANCE = 7.5  # diffusers' Stable Diffusion pipelines' default scale
 
@@ -260,4 +261,4 @@ class ScenePipeline(DiffusionPipeline):
         array = images.permute(0, 2, 3, 1).float().cpu().numpy()
         if output_type == "np":
             return PipelineOutput(images=array)
-        return PipelineOutput(images=[Image.fromarray((a * 255).round().astype(np.uint8)) for a in array])
+        return PipelineOutput(images=[Image.fromarray(to_uint8(a)) for a in array])

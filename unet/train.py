@@ -18,7 +18,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -31,7 +30,7 @@ from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, 
 
 from .ablation import BidirectionalText, OracleSlots
 from .cli.checks import check_seed
-from .data import SCENE_WORDS, SceneDataset, SceneSampler
+from .data import SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
 from .model import UNet
 from .pipeline import ScenePipeline, make_scheduler
 
@@ -184,8 +183,7 @@ def fresh_batch(seed: int, step: int, batch_size: int, size: int) -> tuple[torch
     """
     sampler = SceneSampler(seed=(seed, step), height=size, width=size, split="train")
     scenes = [sampler() for _ in range(batch_size)]
-    images = torch.from_numpy(np.stack([s.image for s in scenes])).permute(0, 3, 1, 2).contiguous()
-    return images, [s.caption for s in scenes]
+    return scenes_to_tensor(scenes), [s.caption for s in scenes]
 
 
 class Trainer:
@@ -251,7 +249,7 @@ class Trainer:
             images, captions = self.dataset.images[idx], [self.dataset.captions[j] for j in idx.tolist()]
         # each process takes its own slice of the global batch
         part = slice(self.accelerator.process_index, None, self.accelerator.num_processes)
-        images, captions = images[part].float() / 127.5 - 1, captions[part]
+        images, captions = to_model_range(images[part]), captions[part]
         coin = torch.rand(len(captions), generator=torch.Generator().manual_seed(cfg.seed + step))
         captions = ["" if drop else c for drop, c in zip((coin < cfg.caption_dropout).tolist(), captions)]
         return images, captions

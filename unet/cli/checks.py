@@ -22,6 +22,12 @@ def check_seed(seed: int, flag: str = "--seed", top: int = MAX_SEED) -> None:
         raise UsageError(f"{flag} must be an integer from 0 to 2**{bits} - 1, got {shorten(str(seed))}")
 
 
+def check_prompt_text(prompt: str) -> None:
+    """Raise UsageError for a prompt with no words."""
+    if not prompt.strip():
+        raise UsageError("empty prompt: give some words, e.g. \"a red circle\"")
+
+
 def unseen_words(pipe, words: list[str]) -> list[str]:
     """The words no training caption used ([] when the model does not say what it was trained on)."""
     if pipe.trained_words is None:
@@ -45,8 +51,7 @@ def check_tokenizers_agree(pipe, prompt: str) -> None:
 
 def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None) -> list[str]:
     """Validate one prompt; returns warnings. Raises UsageError naming the problem."""
-    if not prompt.strip():
-        raise UsageError("empty prompt: give some words, e.g. \"a red circle\"")
+    check_prompt_text(prompt)
     cut = dropped_words(pipe.tokenizer, prompt)
     if cut and not settings.truncate:
         raise UsageError(f"prompt is longer than the tokenizer's {pipe.tokenizer.model_max_length} tokens; these "

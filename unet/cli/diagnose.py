@@ -28,26 +28,28 @@ from unet.cli import UsageError, usage_error
 from unet.data import COLORS, SHAPES
 from unet.eval.detect import detect
 from unet.eval.evaluate import background_grain
-from unet.pipeline import load_pipeline, make_scheduler
+from unet.pipeline import default_guidance, load_pipeline, make_scheduler
 
 
-def first_step_x0(pipe, prompts, seed: int) -> dict:
-    """Mean |x0| and the clipped share of the guided x0 estimate at the first trailing step."""
+def first_step_x0(pipe, prompts, seed: int, guidance: float) -> dict:
+    """Mean |x0| and the clipped share of the x0 estimate, guided by `guidance`, at the first trailing step."""
     sched = pipe.scheduler
     sched.set_timesteps(25)
     t = sched.timesteps[0]
     B = len(prompts)
-    x = torch.randn((B, 3, 32, 32), generator=torch.Generator().manual_seed(seed))
+    config = pipe.unet.config
+    x = torch.randn((B, config.in_channels, config.sample_size, config.sample_size),
+                    generator=torch.Generator().manual_seed(seed))
     context = torch.cat([pipe.encode_prompt([""] * B), pipe.encode_prompt(prompts)])
     with torch.no_grad():
         pred_uncond, pred_cond = pipe.unet(torch.cat([x, x]), t, encoder_hidden_states=context).chunk(2)
-    pred = pred_uncond + 4.0 * (pred_cond - pred_uncond)
+    pred = pred_uncond + guidance * (pred_cond - pred_uncond)
     a = sched.alphas_cumprod[int(t)]
     if sched.config.prediction_type == "v_prediction":
         x0 = a.sqrt() * x - (1 - a).sqrt() * pred
     else:
         x0 = (x - (1 - a).sqrt() * pred) / a.sqrt()
-    return {"t": int(t), "alpha_bar": float(a), "mean_abs_x0": float(x0.abs().mean()),
+    return {"t": int(t), "guidance": guidance, "alpha_bar": float(a), "mean_abs_x0": float(x0.abs().mean()),
             "clipped_share": float((x0.abs() > 1).float().mean())}
 
 
@@ -107,6 +109,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", required=True, help="folder for <what>.json")
     p.add_argument("--seeds", type=int, default=4)
+    p.add_argument("--guidance", type=float, default=None,
+                   help="first-step: guidance of the x0 estimate (default: the model's own)")
     args = p.parse_args(argv)
     try:
         pipe = load_pipeline(args.model)
@@ -116,7 +120,8 @@ def main(argv=None) -> int:
     prompts = [f"a {c} {s}" for c in COLORS for s in SHAPES]
     result = {"model": str(args.model or "shipped"), "prediction_type": pipe.scheduler.config.prediction_type}
     if args.what == "first-step":
-        result.update(first_step=first_step_x0(pipe, prompts, 0),
+        result.update(first_step=first_step_x0(pipe, prompts, 0, default_guidance(pipe) if args.guidance is None
+                                                              else args.guidance),
                       trailing=colour_run(pipe, prompts, colours, args.seeds, "trailing"),
                       leading=colour_run(pipe, prompts, colours, args.seeds, "leading"))
     elif args.what == "grain":

@@ -31,7 +31,7 @@ from unet.cli import (
     sigterm_as_interrupt,
     usage_error,
 )
-from unet.cli.checks import unseen_words
+from unet.cli.checks import check_prompt_text, unseen_words
 from unet.data import SHAPES
 from unet.pipeline import default_size, load_pipeline
 
@@ -41,8 +41,7 @@ DEFAULT_PROMPT = "a red circle left of a blue square"
 def check_inputs(args):
     """Every check before any model work (one line, exit 2): returns the pipeline and the word to follow.
     Fills in the default pixel for 'pixel'."""
-    if not args.prompt.strip():
-        raise UsageError("empty prompt: give some words, e.g. \"a red circle\"")
+    check_prompt_text(args.prompt)
     check_seed(args.seed)
     check_out_dir(Path(args.out))
     pipe = load_pipeline(args.model, show_progress=False)

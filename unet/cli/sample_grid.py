@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from crossattn.overlay import to_uint8
 from unet.cli import UsageError, usage_error
 from unet.pipeline import load_pipeline
 from unet.train import TrainConfig
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
         images = pipe(prompts, num_inference_steps=args.steps, guidance_scale=args.guidance, output_type="np",
                       generator=torch.Generator().manual_seed(seed), show_progress=False).images
         rows.append(np.concatenate(list(images), axis=1))  # (H, W * prompts, 3)
-    grid = (np.concatenate(rows, axis=0) * 255).round().astype(np.uint8)
+    grid = to_uint8(np.concatenate(rows, axis=0))
     image = Image.fromarray(grid)
     out.parent.mkdir(parents=True, exist_ok=True)
     image.resize((image.width * args.scale, image.height * args.scale), Image.NEAREST).save(out)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import ndimage
 
+from crossattn.overlay import to_uint8
+
 from ..data import COLORS
 
 PALETTE = np.array(list(COLORS.values()), np.float32)  # (colors, 3)
@@ -50,7 +52,7 @@ def detect(image: np.ndarray, min_pixels: int = 4, brightness: float = 60.0) -> 
     """Objects in an (H, W, 3) uint8 image (or float in [0, 1]), largest first."""
     image = np.asarray(image)
     if image.dtype != np.uint8:
-        image = (np.clip(image, 0, 1) * 255).round()
+        image = to_uint8(image)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"image must be (H, W, 3), got {image.shape}")
     pixels = image.astype(np.float32)

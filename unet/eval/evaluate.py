@@ -20,9 +20,10 @@ from scipy import ndimage
 from crossattn.capture import AttentionStore
 from crossattn.maps import daam_heat_maps, token_maps
 from crossattn.metrics import THRESHOLDS, score_maps
+from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
 
-from ..data import COLORS, HELD_OUT_PAIRS, RELATIONS, SHAPES, SceneSampler
+from ..data import COLORS, HELD_OUT_PAIRS, RELATIONS, SHAPES, SceneSampler, scenes_to_tensor, to_model_range
 from ..pipeline import default_guidance
 from .detect import Detection, detect, relative_position
 
@@ -83,7 +84,7 @@ def background_grain(image: np.ndarray, detections: list[Detection], margin: int
     detected object. The data's background is exactly 0, so anything above it is grain the model left."""
     image = np.asarray(image)
     if image.dtype != np.uint8:
-        image = (np.clip(image, 0, 1) * 255).round()
+        image = to_uint8(image)
     objects = np.zeros(image.shape[:2], bool)
     for d in detections:
         objects |= d.mask
@@ -165,7 +166,7 @@ def generate_batches(pipe, prompts: list[EvalPrompt], seeds: int, base_seed: int
             images = pipe([p.prompt for p in chunk], num_images_per_prompt=seeds, num_inference_steps=steps,
                           guidance_scale=guidance, generator=torch.Generator().manual_seed(base_seed + start),
                           output_type="np", show_progress=False).images
-        images = (images * 255).round().astype(np.uint8)
+        images = to_uint8(images)
         entries = []
         for i, image in enumerate(images):
             p = chunk[i // seeds]
@@ -187,7 +188,7 @@ def dataset_batch(pipe, n: int, timestep: int, seed: int = 123) -> Batch:
     """Held-out dataset scenes noised to `timestep`, denoised one step with their captions; exact masks."""
     sampler = SceneSampler(seed, pipe.unet.config.sample_size, pipe.unet.config.sample_size, split="eval")
     scenes = [sampler() for _ in range(n)]
-    x0 = torch.from_numpy(np.stack([s.image for s in scenes])).permute(0, 3, 1, 2).float() / 127.5 - 1
+    x0 = to_model_range(scenes_to_tensor(scenes))  # (n, 3, H, W) in [-1, 1]
     sched = DDPMScheduler.from_config(pipe.scheduler.config)  # the model's own noise schedule
     t = torch.full((n,), timestep)
     noisy = sched.add_noise(x0, torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed)), t)
