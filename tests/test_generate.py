@@ -2,10 +2,15 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from crossattn.capture import AttentionStore
+from crossattn.maps import word_maps
+from crossattn.text import prompt_words
 from unet.cli.generate import main
+from unet.pipeline import load_pipeline
 
 
 def gen(tiny_pipeline_dir, out, *args):
@@ -95,3 +100,21 @@ def test_corrupt_weights_clear_message(tiny_pipeline_dir, tmp_path, capsys):
     (broken / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"not a safetensors file")
     rc = main(["a red circle", "--model", str(broken), "--out", str(tmp_path / "out")])
     assert rc == 2 and "could not load the model" in capsys.readouterr().err
+
+
+def test_saved_maps_equal_word_maps_of_the_same_run(tiny_pipeline_dir, tmp_path):
+    """maps.safetensors holds exactly what `word_maps` computes from a store attached to the same sampling run."""
+    prompt = "a red circle left of a blue square"
+    assert gen(tiny_pipeline_dir, tmp_path, prompt, "--seed", "5", "--num-images", "2") == 0
+    (folder,) = list(tmp_path.iterdir())
+    saved = load_file(str(folder / "maps.safetensors"))
+    pipe = load_pipeline(tiny_pipeline_dir, show_progress=False)
+    store = AttentionStore.for_pipeline(pipe)
+    with store.attach(pipe.unet):
+        pipe(prompt, num_inference_steps=3, generator=torch.Generator().manual_seed(5), num_images_per_prompt=2,
+             output_type="np", show_progress=False)
+    words = prompt_words(pipe.tokenizer, prompt)
+    for k in range(2):
+        expected = word_maps(store, words, size=(16, 16), index=k)  # (words, H, W)
+        for w in words:
+            assert torch.equal(saved[f"{w.index}_{w.text}"][k], expected[w.index]), (k, w.text)

@@ -26,7 +26,9 @@ def test_four_steps_numbers():
 def test_walkthrough_script_prints_and_saves_figure(tmp_path, capsys):
     assert attention_walkthrough.main(["--out", str(tmp_path), "--tokens", "32"]) == 0
     out = capsys.readouterr().out
-    assert "context vector of token 0: [" in out and "True" in out
+    assert "context vector of token 0: [" in out and "row 0 sums to 1.000000" in out
+    assert "same as crossattn.CrossAttention's attention: True" in out
+    assert "CrossAttention's output = its output layer applied to these context vectors: True" in out
     image = Image.open(tmp_path / "four_steps.png")
     assert image.size == (1000, 600)
     assert attention_walkthrough.main(["--tokens", "1"]) == 2
