@@ -1,4 +1,5 @@
-"""unet: the image model, its synthetic data, the sampling pipeline and training.
+"""unet: the image model, its synthetic data, the sampling pipeline and training; `unet.eval` measures
+it and `unet.cli` holds the commands.
 
 The pipeline's `model_index.json` names `unet.model.UNet`; importing it here lets
 `ScenePipeline.from_pretrained(folder)` find it.

@@ -120,6 +120,29 @@ class TrainConfig:
         check_seed(self.seed, top=TRAIN_MAX_SEED)
 
 
+def check_resumable(out: Path) -> None:
+    """A run folder `--resume` can continue: a readable config and a checkpoint with its step and weights."""
+    ckpt, config = out / "checkpoint.safetensors", out / "train_config.json"
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"--resume given but {ckpt} does not exist")
+    try:
+        with safe_open(str(ckpt), "pt") as f:
+            step, keys = (f.metadata() or {}).get("step"), list(f.keys())
+    except Exception as e:  # safetensors raises its own error types and OSError
+        raise ValueError(f"{ckpt} is not a readable safetensors checkpoint: {e}") from e
+    if step is None or not step.isdigit():
+        raise ValueError(f"{ckpt} does not record its step (metadata 'step'): it was not written by this script")
+    missing = [p for p in ("unet", "ema") if not any(k.startswith(p + ".") for k in keys)]
+    if missing:
+        raise ValueError(f"{ckpt} lacks the weights of {missing}: it cannot be resumed")
+    try:
+        saved = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--resume needs {config}, a readable JSON file: {e}") from e
+    if not isinstance(saved, dict):
+        raise ValueError(f"{config} must hold a JSON object of training settings")
+
+
 def resumed_config(cfg: TrainConfig, saved: dict) -> TrainConfig:
     """The config a `--resume` of `cfg` trains with: the run's saved config (train_config.json), with this
     call's folder, length and time limit; settings older runs do not name get the old recipe's values."""
@@ -194,8 +217,8 @@ class Trainer:
         self.ckpt_path = self.out / "checkpoint.safetensors"
         if self.ckpt_path.exists() and not cfg.resume:
             raise FileExistsError(f"{self.ckpt_path} exists; pass --resume to continue it or choose another --out")
-        if cfg.resume and not self.ckpt_path.exists():
-            raise FileNotFoundError(f"--resume given but {self.ckpt_path} does not exist")
+        if cfg.resume:
+            check_resumable(self.out)
         self.accelerator = Accelerator()
         torch.manual_seed(cfg.seed)
         self.out.mkdir(parents=True, exist_ok=True)

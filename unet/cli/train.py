@@ -7,19 +7,16 @@
 """
 
 import argparse
-import json
 import shutil
 import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
 
-from safetensors import safe_open
-
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
 from unet.data import SceneDataset
 from unet.pipeline import progress_bars
-from unet.train import TrainConfig, Trainer
+from unet.train import TrainConfig, Trainer, check_resumable
 
 
 def parse_args(argv=None):
@@ -51,29 +48,6 @@ def check_config(cfg: TrainConfig) -> None:
     check_out_dir(Path(cfg.out))
     if cfg.resume:
         check_resumable(Path(cfg.out))
-
-
-def check_resumable(out: Path) -> None:
-    """A run folder `--resume` can continue: a readable config and a checkpoint with its step and weights."""
-    ckpt, config = out / "checkpoint.safetensors", out / "train_config.json"
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"--resume given but {ckpt} does not exist")
-    try:
-        with safe_open(str(ckpt), "pt") as f:
-            step, keys = (f.metadata() or {}).get("step"), list(f.keys())
-    except Exception as e:  # safetensors raises its own error types and OSError
-        raise ValueError(f"{ckpt} is not a readable safetensors checkpoint: {e}") from e
-    if step is None or not step.isdigit():
-        raise ValueError(f"{ckpt} does not record its step (metadata 'step'): it was not written by this script")
-    missing = [p for p in ("unet", "ema") if not any(k.startswith(p + ".") for k in keys)]
-    if missing:
-        raise ValueError(f"{ckpt} lacks the weights of {missing}: it cannot be resumed")
-    try:
-        saved = json.loads(config.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--resume needs {config}, a readable JSON file: {e}") from e
-    if not isinstance(saved, dict):
-        raise ValueError(f"{config} must hold a JSON object of training settings")
 
 
 def _entries(folder: Path) -> set[Path] | None:
