@@ -295,7 +295,7 @@ def test_evaluate_control_reports_with_and_without(tiny_pipeline_dir, tmp_path, 
         from unet.control import sample
         from unet.eval.control import swap_edits
         from unet.eval.detect import detect
-        from unet.eval.evaluate import check, eval_prompts
+        from unet.eval.prompts import check, eval_prompts
         from unet.pipeline import Settings, default_guidance, load_pipeline
         pipe = load_pipeline(tiny_pipeline_dir, show_progress=False)
         edits = swap_edits([p for p in eval_prompts() if p.task == "color_attr"][:3])  # the quick edit run's
@@ -316,7 +316,7 @@ def test_evaluate_control_reports_with_and_without(tiny_pipeline_dir, tmp_path, 
 def test_swap_edits_and_verdicts():
     from unet.eval.control import swap_edits, swap_succeeded
     from unet.eval.detect import Detection
-    from unet.eval.evaluate import EvalPrompt
+    from unet.eval.prompts import EvalPrompt
     p = EvalPrompt("color_attr", "a red circle and a blue square", [("red", "circle"), ("blue", "square")])
     assert [e[3] for e in swap_edits([p])] == ["a red triangle and a blue square", "a red circle and a blue triangle"]
 

@@ -153,7 +153,7 @@ def test_daams_threshold_rule_rescales_by_the_range():
 
 
 def test_evaluation_daam_baseline_is_daams_recipe(tiny_pipeline):
-    from unet.eval.evaluate import THRESHOLD_RULE, Batch, map_scores, method_maps
+    from unet.eval.map_scoring import THRESHOLD_RULE, Batch, map_scores, method_maps
     store = AttentionStore.for_pipeline(tiny_pipeline)
     with store.attach(tiny_pipeline.unet):
         tiny_pipeline(["a red circle", "a blue square"], num_inference_steps=2, output_type="np",

@@ -5,7 +5,7 @@ import torch
 from crossattn.metrics import iou, mass, pointing, score_maps
 from unet.data import SceneSampler, render
 from unet.eval.detect import Detection, detect, relative_position
-from unet.eval.evaluate import EvalPrompt, check, eval_prompts, word_objects
+from unet.eval.prompts import EvalPrompt, check, eval_prompts, word_objects
 
 
 def test_detector_on_known_scenes():

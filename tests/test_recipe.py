@@ -11,7 +11,7 @@ from conftest import tiny_config
 from unet import make_scheduler
 from unet.data import SceneSampler
 from unet.eval.detect import detect
-from unet.eval.evaluate import background_grain
+from unet.eval.prompts import background_grain
 from unet.eval.scaling import best_row, wall_minutes, write_scaling
 from unet.train import Trainer, loss_weight, noise_scheduler
 

@@ -9,7 +9,9 @@ from PIL import Image
 
 from unet.cli import benchmark, evaluate
 from unet.data import SHAPES, SceneSampler
-from unet.eval.evaluate import BASELINES, TASKS, prompt_following, run_evaluation
+from unet.eval.evaluate import run_evaluation
+from unet.eval.map_scoring import BASELINES
+from unet.eval.prompts import TASKS, prompt_following
 from unet.pipeline import load_pipeline
 
 

@@ -27,7 +27,7 @@ import torch
 from unet.cli import UsageError, usage_error
 from unet.data import COLORS, SHAPES
 from unet.eval.detect import detect
-from unet.eval.evaluate import background_grain
+from unet.eval.prompts import background_grain
 from unet.pipeline import default_guidance, load_pipeline, make_scheduler
 
 

@@ -2,7 +2,7 @@
 the detector against the prompt.
 
 - `excite` / `reweight`: the evaluation's prompts, each sampled with and without the control from the
-  same seeds; prompt following per task (GenEval rules, as `unet.eval.evaluate`), background grain, and the
+  same seeds; prompt following per task (GenEval rules, as `unet.eval.prompts`), background grain, and the
   seconds per image of each. Excite's subjects are the prompt's shape words; re-weighting scales every
   colour and shape word by `factor`.
 - `edit`: two-object prompts; each object's shape is swapped for the third shape ("a red circle and a
@@ -29,7 +29,7 @@ from ..control import ControlPlan, build_controller, record_source, sample
 from ..data import COLORS, SHAPES
 from ..pipeline import Settings, default_guidance
 from .detect import detect
-from .evaluate import TASKS, EvalPrompt, background_grain, check, eval_prompts
+from .prompts import TASKS, EvalPrompt, background_grain, check, eval_prompts
 
 CONTROLS = ("excite", "reweight", "edit")
 

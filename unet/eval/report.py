@@ -11,7 +11,8 @@ from matplotlib.figure import Figure
 
 from crossattn.overlay import ALPHA, CMAP
 
-from .evaluate import BASELINES, TASKS, method_maps
+from .map_scoring import BASELINES, method_maps
+from .prompts import TASKS
 
 
 def _fmt(x) -> str:

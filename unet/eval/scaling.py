@@ -12,7 +12,7 @@ import csv
 import json
 from pathlib import Path
 
-from .evaluate import TASKS
+from .prompts import TASKS
 
 
 def snapshots(run: Path) -> list[tuple[int, Path]]:
