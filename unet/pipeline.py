@@ -46,6 +46,17 @@ def default_size(pipe) -> int:
     return pipe.unet.config.sample_size * (1 if isinstance(pipe, ScenePipeline) else size_multiple(pipe))
 
 
+# torch.Generator.manual_seed and numpy's SeedSequence both take any 64-bit seed.
+MAX_SEED = 2 ** 64 - 1
+
+
+def check_seed(seed: int, flag: str = "--seed", top: int = MAX_SEED) -> None:
+    """Raise UsageError unless 0 <= seed <= top; the message names the flag and the range."""
+    if not 0 <= seed <= top:
+        bits = top.bit_length()
+        raise UsageError(f"{flag} must be an integer from 0 to 2**{bits} - 1, got {shorten(str(seed))}")
+
+
 @dataclass
 class Settings:
     """One sampling run, as the commands pass it around: `num_images` images from one seed."""

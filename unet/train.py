@@ -29,13 +29,12 @@ from tqdm.auto import tqdm
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
 from .ablation import BidirectionalText, OracleSlots
-from .cli.checks import check_seed
 from .data import SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
 from .model import UNet
-from .pipeline import ScenePipeline, make_scheduler
+from .pipeline import ScenePipeline, check_seed, make_scheduler
 
 # Training derives torch seeds from its seed (seed + step, seed * 100003 + epoch), and torch's must fit in
-# 64 bits: 32-bit seeds keep them in range for any run length (sampling takes all 64 bits: cli.MAX_SEED).
+# 64 bits: 32-bit seeds keep them in range for any run length (sampling takes all 64 bits: pipeline.MAX_SEED).
 TRAIN_MAX_SEED = 2 ** 32 - 1
 
 @dataclass

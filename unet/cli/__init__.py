@@ -1,10 +1,11 @@
 """What every command shares: one `UsageError` and `usage_error`, interrupts, partial folders, and the
-checks at the door (seed, settings, prompt, output folder, memory). Each command is a module here
-with a `main(argv)`; `scripts/*.py` are one-line front ends over them."""
+checks at the door (settings, prompt, output folder, memory; the seed rule is the pipeline's). Each
+command is a module here with a `main(argv)`; `scripts/*.py` are one-line front ends over them."""
 
 from crossattn.errors import UsageError, shorten, usage_error
 
-from .checks import MAX_SEED, check_model_settings, check_prompt, check_seed, check_settings
+from ..pipeline import MAX_SEED, check_seed
+from .checks import check_model_settings, check_prompt, check_settings
 from .folders import PARTIAL, check_out_dir, partial_folder, publish, publish_files, remove_stale_partials
 from .memory import available_memory, memory_estimate
 from .signals import Interrupted, interrupted, sigterm_as_interrupt

@@ -8,18 +8,8 @@ import re
 from crossattn.errors import UsageError, shorten
 from crossattn.text import dropped_words, prompt_words
 
-from ..pipeline import Settings, default_size, size_multiple
+from ..pipeline import Settings, check_seed, default_size, size_multiple
 from .memory import available_memory, memory_estimate
-
-# torch.Generator.manual_seed and numpy's SeedSequence both take any 64-bit seed.
-MAX_SEED = 2 ** 64 - 1
-
-
-def check_seed(seed: int, flag: str = "--seed", top: int = MAX_SEED) -> None:
-    """Raise UsageError unless 0 <= seed <= top; the message names the flag and the range."""
-    if not 0 <= seed <= top:
-        bits = top.bit_length()
-        raise UsageError(f"{flag} must be an integer from 0 to 2**{bits} - 1, got {shorten(str(seed))}")
 
 
 def check_prompt_text(prompt: str) -> None:
