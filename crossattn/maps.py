@@ -80,13 +80,17 @@ def merge_words(tokens: torch.Tensor, words: list[Word], normalize: str = "raw")
     return maps
 
 
-def word_maps(store: AttentionStore, words: list[Word], size: tuple[int, int], index: int = 0,
+def word_maps(store: AttentionStore, words: list[Word], size: tuple[int, int], index: int | None = 0,
               normalize: str = "raw", **select) -> torch.Tensor:
-    """(num_words, H, W): the maps of prompt `index` in the batch, one per word.
+    """(num_words, H, W): the maps of prompt `index` in the batch, one per word; `index=None`: every
+    image's, (B, num_words, H, W).
 
     `select` takes token_maps' filters: layers, resolutions, heads, timesteps, mode.
     """
-    return merge_words(token_maps(store, size, **select)[index], words, normalize)
+    tokens = token_maps(store, size, **select)  # (B, T, H, W)
+    if index is not None:
+        return merge_words(tokens[index], words, normalize)
+    return torch.stack([merge_words(t, words, normalize) for t in tokens])
 
 
 # --- DAAM 0.2.0's recipe (Tang et al., ACL 2023; castorini/daam), reproduced from our store

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from crossattn.capture import AttentionStore
 from crossattn.control import Controller, Edit, Excite, Reweight, align_prompts, parse_weights, word_positions
 from crossattn.errors import UsageError
-from crossattn.maps import merge_words, token_maps
+from crossattn.maps import word_maps
 from crossattn.overlay import overlay_grid, to_uint8
 from crossattn.text import prompt_words
 
@@ -194,7 +194,7 @@ def control_one(pipe, plan: ControlPlan, prompt: str, settings, folder: Path, sh
 
     size = images.shape[1:3]
     words = prompt_words(pipe.tokenizer, steered)
-    maps = torch.stack([merge_words(t, words, settings.normalize) for t in token_maps(store, size)])  # (N, words, H, W)
+    maps = word_maps(store, words, size, index=None, normalize=settings.normalize)  # (N, words, H, W)
     plain_meta = json.loads((folder / "meta.json").read_text())
     plain_words = [w["text"] for w in plain_meta["words"]]
     plain_maps = load_file(str(folder / "maps.safetensors"))

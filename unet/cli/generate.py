@@ -24,7 +24,7 @@ from PIL import Image, PngImagePlugin
 from safetensors.torch import save_file
 
 from crossattn.capture import AttentionStore
-from crossattn.maps import NORMALIZATIONS, merge_words, token_maps
+from crossattn.maps import NORMALIZATIONS, word_maps
 from crossattn.overlay import overlay_grid, to_uint8, word_overlay
 from crossattn.text import prompt_words
 from crossattn.viewer import write_run_page
@@ -91,16 +91,14 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
     t0 = time.perf_counter()
     images = to_uint8(images)  # (N, H, W, 3)
     size = images.shape[1:3]
-    tokens = token_maps(store, size)  # (N, T, H, W)
-    maps = torch.stack([merge_words(t, words, settings.normalize) for t in tokens])  # (N, words, H, W)
+    maps = word_maps(store, words, size, index=None, normalize=settings.normalize)  # (N, words, H, W)
     tensors = {f"{w.index}_{w.text}": maps[:, w.index].contiguous() for w in words}
     for layer in sorted(store.layers):
         if not store.is_cross[layer]:
             continue
-        per_layer = token_maps(store, size, layers=[layer])
         for w in words:
-            tensors[f"layer/{layer}/{w.index}_{w.text}"] = torch.stack(
-                [merge_words(t, [w], settings.normalize)[0] for t in per_layer]).contiguous()
+            tensors[f"layer/{layer}/{w.index}_{w.text}"] = word_maps(
+                store, [w], size, index=None, normalize=settings.normalize, layers=[layer])[:, 0].contiguous()
     timings["maps_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

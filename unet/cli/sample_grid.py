@@ -32,8 +32,7 @@ def main(argv=None) -> int:
     if out.exists():
         return usage_error(f"{out} exists; choose another --out")
     if args.seeds < 1 or args.steps < 1 or args.scale < 1:
-        print("error: --seeds, --steps and --scale must be positive", file=sys.stderr)
-        return 2
+        return usage_error("--seeds, --steps and --scale must be positive")
     try:
         pipe = load_pipeline(args.model)
     except UsageError as e:
