@@ -169,6 +169,36 @@ def build_components(cfg: TrainConfig, folder: Path):
     return tokenizer, text_encoder, unet
 
 
+def text_variant(cfg: TrainConfig, tokenizer, text_encoder):
+    """The text side `cfg.text_variant` trains: CLIP's causal encoder itself, or an ablation (unet/ablation.py)."""
+    if cfg.text_variant == "bidirectional":
+        return BidirectionalText(text_encoder)
+    if cfg.text_variant == "oracle":
+        return OracleSlots(tokenizer, text_encoder.config.hidden_size)
+    return text_encoder
+
+
+def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.optim.AdamW]:
+    """(trained parameters, AdamW): weight decay on the weight matrices only."""
+    params = list(unet.parameters()) + [p for p in text_encoder.parameters() if p.requires_grad]
+    # decaying token and position embeddings toward 0 drags rarely seen words and the text encoder drifts
+    decay = [p for n, p in list(unet.named_parameters()) + list(text_encoder.named_parameters())
+             if p.requires_grad and p.dim() >= 2 and "embedding" not in n]
+    no_decay = [p for p in params if all(p is not q for q in decay)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    return params, optimizer
+
+
+def training_data(cfg: TrainConfig) -> SceneDataset | None:
+    """The dataset folder, `num_samples` scenes drawn once, or None: fresh scenes every batch."""
+    if cfg.data:
+        return SceneDataset.load(cfg.data)
+    if cfg.num_samples:
+        return SceneDataset.generate(cfg.num_samples, cfg.seed, cfg.size, cfg.size)
+    return None
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up, then constant or cosine decay from lr to min_lr.
 
@@ -227,27 +257,13 @@ class Trainer:
             (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
 
         self.tokenizer, self.text_encoder, self.unet = build_components(cfg, self.out)
-        if cfg.text_variant == "bidirectional":
-            self.text_encoder = BidirectionalText(self.text_encoder)
-        elif cfg.text_variant == "oracle":
-            self.text_encoder = OracleSlots(self.tokenizer, self.text_encoder.config.hidden_size)
+        self.text_encoder = text_variant(cfg, self.tokenizer, self.text_encoder)
         self.unet.to(memory_format=torch.channels_last)  # ~20% faster convolutions on CPU (oneDNN)
         self.ema = copy.deepcopy(self.unet).requires_grad_(False)
         self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
         self.scheduler = noise_scheduler(cfg.prediction_type, cfg.zero_terminal_snr)
-        self.params = list(self.unet.parameters()) + [p for p in self.text_encoder.parameters() if p.requires_grad]
-        # decaying token and position embeddings toward 0 drags rarely seen words and the text encoder drifts
-        decay = [p for n, p in list(self.unet.named_parameters()) + list(self.text_encoder.named_parameters())
-                 if p.requires_grad and p.dim() >= 2 and "embedding" not in n]
-        no_decay = [p for p in self.params if all(p is not q for q in decay)]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-        if cfg.data:
-            self.dataset = SceneDataset.load(cfg.data)
-        elif cfg.num_samples:
-            self.dataset = SceneDataset.generate(cfg.num_samples, cfg.seed, cfg.size, cfg.size)
-        else:
-            self.dataset = None  # fresh scenes every batch
+        self.params, self.optimizer = build_optimizer(self.unet, self.text_encoder, cfg)
+        self.dataset = training_data(cfg)
         self.step = 0
         self.noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
         if cfg.resume:
