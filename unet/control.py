@@ -37,7 +37,7 @@ from .pipeline import ScenePipeline
 
 @dataclass
 class ControlPlan:
-    """What the steered run applies; every word already checked against the prompts it applies to."""
+    """What the controlled run applies; every word already checked against the prompts it applies to."""
     reweight: dict[str, float] = field(default_factory=dict)
     reweight_steps: tuple[float, float] = (0.0, 1.0)
     excite: list[str] | None = None  # subject words; [] = the prompt's object words; None = no excite
@@ -46,7 +46,7 @@ class ControlPlan:
     self_replace_steps: float = 0.4
     local_blend: bool = False
 
-    def steered_prompt(self, prompt: str) -> str:
+    def controlled_prompt(self, prompt: str) -> str:
         return self.edit if self.edit is not None else prompt
 
     def subjects(self, words: list[str]) -> list[str]:
@@ -78,7 +78,7 @@ def object_words(prompt_word_texts: list[str]) -> list[str]:
 
 
 def plan_control(pipe, args) -> ControlPlan | None:
-    """The steering the command line asks for, or None; raises UsageError naming any bad value."""
+    """The control the command line asks for, or None; raises UsageError naming any bad value."""
     if args.reweight is None and args.excite is None and args.edit is None:
         if args.local_blend:
             raise UsageError("--local-blend needs --edit")
@@ -106,12 +106,12 @@ def plan_control(pipe, args) -> ControlPlan | None:
         if args.reweight is not None:
             plan.reweight = parse_weights(args.reweight)
         for prompt in args.prompts:
-            target = prompt_words(pipe.tokenizer, plan.steered_prompt(prompt))
+            target = prompt_words(pipe.tokenizer, plan.controlled_prompt(prompt))
             texts = [w.text for w in target]
             word_positions(target, list(plan.reweight), "--reweight")
             if plan.excite is not None and not plan.subjects(texts):
-                raise ValueError(f"--excite: {plan.steered_prompt(prompt)!r} has no object word ({', '.join(SHAPES)}); "
-                                 f"name the subjects, e.g. --excite {texts[-1]}")
+                raise ValueError(f"--excite: {plan.controlled_prompt(prompt)!r} has no object word "
+                                 f"({', '.join(SHAPES)}); name the subjects, e.g. --excite {texts[-1]}")
             word_positions(target, plan.excite or [], "--excite")
             if plan.edit is not None:
                 alignment = align_prompts(pipe.tokenizer, prompt, plan.edit)
@@ -123,8 +123,8 @@ def plan_control(pipe, args) -> ControlPlan | None:
 
 
 def build_controller(pipe, plan: ControlPlan, prompt: str, recording=None) -> Controller:
-    """The controller for the steered run of the plain prompt `prompt` (words looked up in the steered one)."""
-    words = prompt_words(pipe.tokenizer, plan.steered_prompt(prompt))
+    """The controller for the controlled run of the plain prompt `prompt` (words looked up in the controlled one)."""
+    words = prompt_words(pipe.tokenizer, plan.controlled_prompt(prompt))
     reweight = excite = edit = None
     if plan.reweight:
         found = word_positions(words, list(plan.reweight), "--reweight")
@@ -141,7 +141,7 @@ def build_controller(pipe, plan: ControlPlan, prompt: str, recording=None) -> Co
 
 def sample(pipe, prompt: str, settings, controller: Controller | None = None, store: AttentionStore | None = None,
            show_progress: bool = False) -> np.ndarray:
-    """(N, H, W, 3) uint8 images of `prompt` with the run settings' seed, steered by `controller` if given."""
+    """(N, H, W, 3) uint8 images of `prompt` with the run settings' seed, controlled by `controller` if given."""
     generator = torch.Generator(device="cpu").manual_seed(settings.seed)
     attached = [a for a in (store, controller) if a is not None]
     for a in attached:
@@ -165,20 +165,20 @@ def record_source(pipe, prompt: str, settings, show_progress: bool = False):
     return images, recorder.recording
 
 
-def describe(plan: ControlPlan, prompt: str, steered_words) -> str:
-    """One line for figure titles: what the steered run of `prompt` applied."""
+def describe(plan: ControlPlan, prompt: str, controlled_words) -> str:
+    """One line for figure titles: what the controlled run of `prompt` applied."""
     parts = []
     if plan.edit is not None:
         parts.append(f"edit of {prompt!r}" + (" + local blend" if plan.local_blend else ""))
     if plan.reweight:
         parts.append("reweight " + " ".join(f"{w}={f:g}" for w, f in plan.reweight.items()))
     if plan.excite is not None:
-        parts.append("excite " + ", ".join(plan.subjects([w.text for w in steered_words])))
+        parts.append("excite " + ", ".join(plan.subjects([w.text for w in controlled_words])))
     return "; ".join(parts)
 
 
 def control_one(pipe, plan: ControlPlan, prompt: str, settings, folder: Path, show_progress: bool = True) -> Path:
-    """Run the steered generation of `prompt` (plain run in `folder`) and add it there; returns `folder`."""
+    """Run the controlled generation of `prompt` (plain run in `folder`) and add it there; returns `folder`."""
     timings = {}
     recording = None
     t0 = time.perf_counter()
@@ -186,7 +186,7 @@ def control_one(pipe, plan: ControlPlan, prompt: str, settings, folder: Path, sh
         recording = record_source(pipe, prompt, settings, show_progress)[1]
         timings["record_source_s"] = time.perf_counter() - t0
     controller = build_controller(pipe, plan, prompt, recording)
-    steered = plan.steered_prompt(prompt)
+    steered = plan.controlled_prompt(prompt)
     store = AttentionStore.for_pipeline(pipe)
     t0 = time.perf_counter()
     images = sample(pipe, steered, settings, controller, store, show_progress)
