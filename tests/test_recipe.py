@@ -145,10 +145,23 @@ def test_guidance_interval(tiny_pipeline, tmp_path):
     assert torch.equal(run(guidance_scale=4.0, guidance_rescale=0.0), run(guidance_scale=4.0))
     assert not torch.equal(run(guidance_scale=4.0, guidance_rescale=0.7), run(guidance_scale=4.0))
     assert torch.equal(run(guidance_scale=1.0, guidance_rescale=0.7), run(guidance_scale=1.0))  # nothing to rescale
-    tiny_pipeline.register_to_config(guidance_min_t=500)
+    # guidance_max_t: below every timestep it equals no guidance, above every one it equals full guidance
+    assert torch.equal(run(guidance_scale=4.0, guidance_max_t=-1), run(guidance_scale=1.0))
+    assert torch.equal(run(guidance_scale=4.0, guidance_max_t=10_000), run(guidance_scale=4.0))
+    assert not torch.equal(run(guidance_scale=4.0, guidance_max_t=500), run(guidance_scale=4.0))
+    assert not torch.equal(run(guidance_scale=4.0, guidance_max_t=500), run(guidance_scale=1.0))
+    tiny_pipeline.register_to_config(guidance_min_t=500, guidance_max_t=700)
     tiny_pipeline.save_pretrained(tmp_path)
     from unet import ScenePipeline
-    assert ScenePipeline.from_pretrained(tmp_path).config.guidance_min_t == 500
+    loaded = ScenePipeline.from_pretrained(tmp_path)
+    assert (loaded.config.guidance_min_t, loaded.config.guidance_max_t) == (500, 700)
+
+
+def test_old_pipeline_folder_samples_unguided_and_unlimited(tmp_path):
+    """The shipped folder predates guidance_max_t: it loads with no upper limit and its own scale (1)."""
+    from unet.pipeline import load_pipeline
+    pipe = load_pipeline(None)
+    assert pipe.config.get("guidance_max_t") is None and pipe.config.guidance_scale == 1.0
 
 
 def test_checkpoint_parts_round_trip(tmp_path):

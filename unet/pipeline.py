@@ -184,18 +184,20 @@ class ScenePipeline(DiffusionPipeline):
     """unet (ours or diffusers' UNet2DConditionModel), text_encoder (CLIPTextModel), tokenizer
     (CLIPTokenizer), scheduler (any diffusers scheduler)."""
 
-    def __init__(self, unet, text_encoder, tokenizer, scheduler, guidance_scale: float = 4.0,
-                 guidance_min_t: int = 0, guidance_rescale: float = 0.0):
+    def __init__(self, unet, text_encoder, tokenizer, scheduler, guidance_scale: float = 1.0,
+                 guidance_min_t: int = 0, guidance_rescale: float = 0.0, guidance_max_t: int | None = None):
         super().__init__()
         self.register_modules(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer, scheduler=scheduler)
-        # How this model wants to be guided, saved with it (model_index.json): guidance_scale is the default
-        # scale (1 = no guidance, which the shipped model samples best with; 4 for a newly trained one, the
-        # prototype's best). guidance_min_t: guide only while
-        # t >= it, since guiding the low-noise steps adds grain ("Applying guidance in a limited interval",
+        # How this model wants to be guided, saved with it (model_index.json). guidance_scale is the default
+        # scale: 1 = no guidance, which our models trained from scratch sample best with (README, diagnosis).
+        # Guidance is applied only while guidance_min_t <= t <= guidance_max_t (None: no upper limit):
+        # guiding the low-noise steps adds grain, and on our model guiding the high-noise steps, where the
+        # prompt barely moves the prediction, breaks colours ("Applying guidance in a limited interval",
         # Kynkaanniemi et al. 2024). guidance_rescale: pull the guided prediction's std back toward the
         # conditional one's, which keeps colours from saturating at zero terminal SNR (Lin et al. 2024, 3.4).
+        # A folder saved before guidance_max_t existed loads with None, i.e. as it was sampled then.
         self.register_to_config(guidance_scale=guidance_scale, guidance_min_t=guidance_min_t,
-                                guidance_rescale=guidance_rescale)
+                                guidance_rescale=guidance_rescale, guidance_max_t=guidance_max_t)
 
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str]) -> torch.Tensor:
@@ -210,12 +212,12 @@ class ScenePipeline(DiffusionPipeline):
                  generator: torch.Generator | None = None, num_images_per_prompt: int = 1,
                  output_type: str = "pil", show_progress: bool = True,
                  controller=None, guidance_min_t: int | None = None,
-                 guidance_rescale: float | None = None) -> PipelineOutput:
+                 guidance_rescale: float | None = None, guidance_max_t: int | None = None) -> PipelineOutput:
         """`controller` (a `crossattn.control.Controller`, optional) steers sampling: it is called before
         and after each scheduler step and may return a changed latent; without one the loop is unchanged.
-        `guidance_scale`: classifier-free guidance (<= 1: none); `guidance_min_t`: guide only at timesteps >= this;
-        `guidance_rescale`: 0 (plain guidance) to 1 (std of the conditional prediction). All three default to the
-        pipeline's config."""
+        `guidance_scale`: classifier-free guidance (<= 1: none); `guidance_min_t` / `guidance_max_t`: guide only at
+        timesteps in [min_t, max_t]; `guidance_rescale`: 0 (plain guidance) to 1 (std of the conditional
+        prediction). All four default to the pipeline's config."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or any(not isinstance(p, str) for p in prompts):
             raise ValueError("prompt must be a string or a non-empty list of strings")
@@ -236,6 +238,8 @@ class ScenePipeline(DiffusionPipeline):
             guidance_min_t = self.config.get("guidance_min_t", 0)
         if guidance_rescale is None:
             guidance_rescale = self.config.get("guidance_rescale", 0.0)
+        if guidance_max_t is None:
+            guidance_max_t = self.config.get("guidance_max_t")
 
         context = self.encode_prompt(prompts)  # (B, T, D)
         if guided:
@@ -249,7 +253,7 @@ class ScenePipeline(DiffusionPipeline):
         for t in self.progress_bar(self.scheduler.timesteps) if show_progress else self.scheduler.timesteps:
             if controller is not None:
                 x = controller.before_step(self, t, x, context)  # e.g. attend-and-excite moves x
-            guide_now = guided and int(t) >= guidance_min_t
+            guide_now = guided and guidance_min_t <= int(t) and (guidance_max_t is None or int(t) <= guidance_max_t)
             model_in = torch.cat([x, x]) if guide_now else x
             model_in = self.scheduler.scale_model_input(model_in, t)
             step_context = context if guide_now or not guided else context[B:]  # (B or 2B, T, D)
