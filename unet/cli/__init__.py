@@ -6,11 +6,11 @@ from crossattn.errors import UsageError, shorten, usage_error
 
 from ..pipeline import MAX_SEED, check_seed
 from .checks import check_model_settings, check_prompt, check_settings
-from .folders import PARTIAL, check_out_dir, partial_folder, publish, publish_files, remove_stale_partials
+from .folders import PARTIAL, check_out_dir, claim_folder, partial_folder, publish, publish_files, remove_stale_partials
 from .memory import available_memory, memory_estimate
 from .signals import Interrupted, interrupted, sigterm_as_interrupt
 
 __all__ = ["MAX_SEED", "PARTIAL", "Interrupted", "UsageError", "available_memory", "check_model_settings",
-           "check_out_dir", "check_prompt", "check_seed", "check_settings", "interrupted", "memory_estimate",
-           "partial_folder", "publish", "publish_files", "remove_stale_partials", "shorten", "sigterm_as_interrupt",
-           "usage_error"]
+           "check_out_dir", "check_prompt", "check_seed", "check_settings", "claim_folder", "interrupted",
+           "memory_estimate", "partial_folder", "publish", "publish_files", "remove_stale_partials", "shorten",
+           "sigterm_as_interrupt", "usage_error"]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from crossattn.errors import UsageError, shorten
 
+from .signals import raise_swallowed
+
 PARTIAL = ".partial-"  # prefix of the hidden folder a result is written into before it is renamed into place
 
 
@@ -43,17 +45,31 @@ def _process_alive(pid: int) -> bool:
 
 
 def remove_stale_partials(out: Path) -> list[Path]:
-    """Delete `.partial-<pid>-*` folders whose process is gone (a run killed with SIGKILL or a power cut).
+    """Delete `.partial-<pid>-*` folders whose process is gone (a run killed with SIGKILL or a power cut), in
+    `out` and in the run folders just under it (where a steered run writes its `.partial-<pid>-steered-*`).
 
     Folders of runs still going are left alone; older `.partial-*` names without a pid are never read.
     """
     removed = []
-    for folder in out.glob(f"{PARTIAL}*"):
+    for folder in [*out.glob(f"{PARTIAL}*"), *out.glob(f"*/{PARTIAL}*")]:
         pid = folder.name[len(PARTIAL):].split("-", 1)[0]
         if folder.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
+
+
+def claim_folder(parent: Path, name: str) -> Path:
+    """Create and return `parent/name`, or the first free `name-2`, `name-3` ...: `mkdir` either makes the
+    folder or fails, so two runs started together never get the same one."""
+    k = 1
+    while True:
+        target = parent / (name if k == 1 else f"{name}-{k}")
+        try:
+            target.mkdir()
+            return target
+        except FileExistsError:
+            k += 1
 
 
 def _normal_permissions(folder: Path) -> None:
@@ -84,9 +100,16 @@ def partial_folder(out: Path):
         raise
 
 
-def publish(tmp: Path, final: Path) -> Path:
-    """Rename the finished `tmp` folder to `final` (replacing an existing `final`, for --overwrite)."""
+def publish(tmp: Path, final: Path, replace: bool = False) -> Path:
+    """Rename the finished `tmp` folder into place and return where it went: `final`, or (when `final` is
+    taken, e.g. by a run started at the same time) the first free `final-2`, `final-3` ... claimed
+    atomically. `replace=True` (--overwrite) replaces an existing `final` instead."""
+    raise_swallowed()
     _normal_permissions(tmp)
+    if not replace:
+        claimed = claim_folder(final.parent, final.name)  # empty and ours: the rename below replaces it
+        tmp.rename(claimed)
+        return claimed
     old = None
     if final.exists():  # moved aside first, so `final` is never missing half-way
         old = Path(tempfile.mkdtemp(prefix=f"{PARTIAL}{os.getpid()}-old-", dir=final.parent))
@@ -99,6 +122,7 @@ def publish(tmp: Path, final: Path) -> Path:
 
 def publish_files(tmp: Path, out: Path, paths: list[Path]) -> list[Path]:
     """Move finished files from `tmp` into the existing folder `out` (each replaced whole), then drop `tmp`."""
+    raise_swallowed()
     _normal_permissions(tmp)
     moved = []
     for path in paths:

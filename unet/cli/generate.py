@@ -49,16 +49,6 @@ def _slug(prompt: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:60] or "prompt"
 
 
-def _new_folder(out: Path, name: str, overwrite: bool) -> Path:
-    target = out / name
-    if overwrite or not target.exists():
-        return target
-    k = 2
-    while (out / f"{name}-{k}").exists():
-        k += 1
-    return out / f"{name}-{k}"
-
-
 def _versions() -> dict:
     from importlib.metadata import version
     return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": version("diffusers"),
@@ -103,7 +93,6 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
 
     t0 = time.perf_counter()
     with partial_folder(out_dir) as tmp:  # renamed into place only when complete; removed on any error
-        final = _new_folder(out_dir, f"{_slug(prompt)}-s{settings.seed}", overwrite)
         names = []
         for k, image in enumerate(images):
             info = PngImagePlugin.PngInfo()
@@ -133,7 +122,8 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         write_run_page(tmp, store, words, meta)  # index.html + viewer_data.js: the run in a browser
-        return publish(tmp, final)
+        # the folder is claimed only now, atomically: a run started beside this one gets "-2"
+        return publish(tmp, out_dir / f"{_slug(prompt)}-s{settings.seed}", replace=overwrite)
 
 
 def parse_args(argv=None):

@@ -16,25 +16,78 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+_raised: list[int] = []  # signals whose Interrupted the handler raised and no command has reported yet
+
+
 def _raise_interrupted(signum, frame):
+    _raised.append(signum)
     raise Interrupted(signum)
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt():
-    """Inside the block SIGTERM raises `Interrupted` (a KeyboardInterrupt); the old handler returns after."""
+    """Inside the block SIGINT and SIGTERM raise `Interrupted` (a KeyboardInterrupt) and are noted, so that
+    `raise_swallowed` finds one that was lost on the way; the old handlers return after."""
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _raised.clear()  # the command is over: what it was told is settled
+
+
+def raise_swallowed() -> None:
+    """Raise `Interrupted` again for a signal whose exception never reached a command: Python raises it
+    wherever the interpreter is, also inside a weakref callback (matplotlib's WeakKeyDictionary), where it
+    is printed as "Exception ignored" and dropped -- the run would go on and exit 0. Called before a result
+    is published."""
+    if _raised:
+        raise Interrupted(_raised[0])
 
 
 def interrupted(e: KeyboardInterrupt, what: str) -> int:
     """Report an interrupt in one line; the exit code the shell gives a process killed by that signal."""
+    _raised.clear()
     signum = getattr(e, "signum", signal.SIGINT)
     print(f"interrupted ({signal.Signals(signum).name}): {what}", file=sys.stderr)
     return 128 + signum
+
+
+class DeferredSignals:
+    """Inside the block SIGINT and SIGTERM are noted, not raised, so work that must not stop half-way (a
+    training step, writing a file) ends first; `raise_pending()` raises `Interrupted` for the first noted
+    signal at a moment of the caller's choosing, and leaving the block raises it if nobody did.
+
+    Python raises Ctrl-C wherever the interpreter happens to be, also inside a weakref callback (matplotlib's
+    WeakKeyDictionary), where it is printed as "Exception ignored" and lost: the run then exits 0.
+    """
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _note(self, signum, frame):
+        if self.signum is None:
+            self.signum = signum
+
+    def __enter__(self) -> DeferredSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._note)
+        return self
+
+    def raise_pending(self) -> None:
+        if self.signum is not None:
+            signum, self.signum = self.signum, None
+            raise Interrupted(signum)
+
+    def __exit__(self, kind, value, traceback) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+        if kind is None:
+            self.raise_pending()
