@@ -41,17 +41,28 @@ class AttentionStore(AttentionHooks):
 
     self_attention: also record self-attention (weights are (heads, N, N): large at high resolution).
     windows: the number of equal timestep windows over [0, num_train_timesteps).
+    What the refined read-out needs of self-attention, and no more (`crossattn.maps.refined_store`):
+    self_heads="mean" sums its heads' mean, (B, 1, N, N) instead of (B, heads, N, N);
+    self_resolutions: record only self-attention layers whose feature-map height is listed;
+    self_timesteps: (lo, hi), record self-attention only at timesteps lo <= t <= hi.
     After a run, `sums[(layer, window)]` is (B, heads, N, keys) and `counts[(layer, window)]` the
     number of forward passes summed in it; `layer_shapes[layer]` = (h, w) and `is_cross[layer]`.
     Read them through `mean`, `batch_size`, `heads(layer)`, `keys(layer)`, `recorded_windows()`,
     `window_range(window)` and `passes()` rather than indexing `sums`.
     """
 
-    def __init__(self, self_attention: bool = False, windows: int = 10, num_train_timesteps: int = DEFAULT_TIMESTEPS):
+    def __init__(self, self_attention: bool = False, windows: int = 10, num_train_timesteps: int = DEFAULT_TIMESTEPS,
+                 self_heads: str = "apart", self_resolutions: list[int] | None = None,
+                 self_timesteps: tuple[float, float] | None = None):
         if windows < 1:
             raise ValueError(f"windows must be >= 1, got {windows}")
+        if self_heads not in ("apart", "mean"):
+            raise ValueError(f"self_heads must be 'apart' or 'mean', got {self_heads!r}")
+        if self_timesteps is not None and (len(self_timesteps) != 2 or self_timesteps[0] > self_timesteps[1]):
+            raise ValueError(f"self_timesteps must be (lo, hi) with lo <= hi, got {self_timesteps!r}")
         super().__init__()
         self.self_attention, self.windows, self.num_train_timesteps = self_attention, windows, num_train_timesteps
+        self.self_heads, self.self_resolutions, self.self_timesteps = self_heads, self_resolutions, self_timesteps
         self.sums: dict[tuple[str, int], torch.Tensor] = {}
         self.counts: dict[tuple[str, int], int] = {}
         self.layer_shapes: dict[str, tuple[int, int]] = {}
@@ -105,17 +116,28 @@ class AttentionStore(AttentionHooks):
     def record(self, module, weights: torch.Tensor) -> None:
         """Add one forward pass's weights (B, heads, N, keys) of layer `module` to the sums."""
         name = self._names[id(module)]
+        cross = getattr(module, "is_cross_attention", getattr(module, "cross", True))
+        if not cross and not self._wants_self(weights.shape[2]):
+            return
         if self.guided:
             weights = weights[weights.shape[0] // 2:]  # keep the prompt-conditioned half
         key = (name, self.window_of(self._timestep))
         w = weights.detach().float()
+        if not cross and self.self_heads == "mean":
+            w = w.mean(dim=1, keepdim=True)  # (B, 1, N, N): a 1/heads of the memory
         if key in self.sums:
             self.sums[key] += w
             self.counts[key] += 1
         else:
             self.sums[key], self.counts[key] = w.clone(), 1
             self.layer_shapes[name] = layer_hw(w.shape[2], self._image_hw)
-            self.is_cross[name] = getattr(module, "is_cross_attention", getattr(module, "cross", True))
+            self.is_cross[name] = cross
+
+    def _wants_self(self, num_queries: int) -> bool:
+        """Whether a self-attention pass with `num_queries` pixels, now, is one the store keeps."""
+        if self.self_timesteps is not None and not self.self_timesteps[0] <= self._timestep <= self.self_timesteps[1]:
+            return False
+        return self.self_resolutions is None or layer_hw(num_queries, self._image_hw)[0] in self.self_resolutions
 
     # --- reading
     @property
