@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from crossattn.capture import AttentionStore
+from crossattn.maps import refined_store
 from crossattn.metrics import THRESHOLDS
 from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
@@ -17,15 +17,21 @@ from ..pipeline import default_guidance
 from .detect import detect
 from .map_scoring import (
     BASELINES,
+    READOUTS,
     THRESHOLD_RULE,
     Batch,
     best_threshold,
+    choose_readouts,
     choose_selection,
     collect,
     dataset_batch,
     map_scores,
+    one_pass,
+    self_attention_entropy,
 )
 from .prompts import TASKS, EvalPrompt, background_grain, check, eval_prompts, prompt_following, word_objects
+
+DATASET_TIMESTEPS = (100, 200, 300, 500)  # the dataset read-out's sweep: which noise level reads best
 
 
 def generate_batches(pipe, prompts: list[EvalPrompt], seeds: int, base_seed: int, steps: int, guidance: float,
@@ -34,7 +40,7 @@ def generate_batches(pipe, prompts: list[EvalPrompt], seeds: int, base_seed: int
     records, batches = [], []
     for start in range(0, len(prompts), prompts_per_batch):
         chunk = prompts[start:start + prompts_per_batch]
-        store = AttentionStore.for_pipeline(pipe)
+        store = refined_store(pipe)  # cross-attention, and self-attention heads averaged for the refined maps
         with store.attach(pipe.unet):
             images = pipe([p.prompt for p in chunk], num_images_per_prompt=seeds, num_inference_steps=steps,
                           guidance_scale=guidance, generator=torch.Generator().manual_seed(base_seed + start),
@@ -75,20 +81,31 @@ def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None
     bar.close()
     selection_name, selection, threshold = choose_selection(select_batches, size)
     methods = {"ours": (selection, threshold)}
+    readouts = choose_readouts(select_batches, size, selection)
+    methods.update({name: (select, t) for name, (_, select, t) in readouts.items()})
     for name in BASELINES:
         methods[name] = (None, best_threshold(collect(select_batches, name, size)["shape_words"],
                                               THRESHOLD_RULE.get(name, "peak")))
     generated = map_scores(batches, size, methods)
-    data_batch = dataset_batch(pipe, dataset_images, dataset_timestep)
-    # one denoising step: the timestep filter of 'ours' does not apply; keep its layer choice
-    data_methods = dict(methods, ours=({k: v for k, v in selection.items() if k != "timesteps"}, threshold))
-    on_dataset = map_scores([data_batch], size, data_methods)
+    # one denoising step: the timestep filters do not apply; keep each method's layer, head and refinement choice
+    data_methods = {name: (one_pass(name, select), t) for name, (select, t) in methods.items()}
+    on_dataset = map_scores([dataset_batch(pipe, dataset_images, dataset_timestep)], size, data_methods)
+    sweep = {}
+    for t in sorted({*DATASET_TIMESTEPS, dataset_timestep}):  # plain and refined maps, other noise levels
+        scores = on_dataset if t == dataset_timestep else map_scores(
+            [dataset_batch(pipe, dataset_images, t)], size, {k: data_methods[k] for k in ("ours", "refined")})
+        sweep[str(t)] = {k: {kind: {m: scores[k][kind][m] for m in ("miou", "pointing", "mass")}
+                             for kind in ("shape_words", "color_words")} for k in ("ours", "refined")}
     report = {
         "prompt_following": prompt_following(records),
         "maps": {**generated["ours"], "aggregation": selection_name},
+        "readouts": {name: {**generated[name], "params": readouts[name][0]} for name in READOUTS},
         "baselines": {name: generated[name] for name in BASELINES},
         "maps_dataset": {**on_dataset["ours"], "timestep": dataset_timestep, "images": dataset_images},
+        "readouts_dataset": {name: {**on_dataset[name], "params": readouts[name][0]} for name in READOUTS},
         "baselines_dataset": {name: on_dataset[name] for name in BASELINES},
+        "dataset_timestep_sweep": sweep,
+        "self_attention_entropy": self_attention_entropy(batches[0].store),
         "settings": {"seeds": seeds, "selection_seeds": max(1, seeds // 2), "steps": steps, "guidance": guidance,
                      "prompts": len(prompts), "quick": quick, "thresholds": list(THRESHOLDS)},
     }

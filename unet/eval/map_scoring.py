@@ -1,23 +1,31 @@
 """Does each word's map point at its object? Colour and shape words' maps scored against their objects'
 masks -- on generated images (masks from the detector) and on dataset images denoised one step (exact
-masks) -- for our best aggregation and for baselines computed from the same recorded attention."""
+masks) -- for our best aggregation, the read-outs beyond it (refined through self-attention, top heads)
+and baselines, all computed from the same recorded attention."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from dataclasses import dataclass
 
 import torch
-from diffusers import DDPMScheduler
 
 from crossattn.capture import AttentionStore
-from crossattn.maps import daam_heat_maps, token_maps
-from crossattn.metrics import score_maps
+from crossattn.maps import Refinement, daam_heat_maps, refined_store, refined_token_maps, token_maps
+from crossattn.metrics import mass, score_maps
 from crossattn.text import prompt_words
 
+from ..attend import record_noised
 from ..data import SHAPES, SceneSampler, scenes_to_tensor, to_model_range
 
 BASELINES = ("uniform", "centre", "random_layer", "daam")
+# Read-outs beyond the plain aggregation ("ours"), each chosen on the selection split as "ours" is.
+READOUTS = ("refined", "top_heads")
+REFINE_ITERATIONS = (1, 2, 4, 8)  # Dataset Diffusion: 4; iSeg: 5-10
+REFINE_SHARPEN = (0.0, 0.05, 0.2)  # iSeg's epsilon range 0.002-0.2
+TOP_HEAD_FRACTIONS = (0.1, 0.2, 0.25, 0.5)  # head selection keeps the top 20-25 %
 THRESHOLD_RULE = {"daam": "minmax"}  # DAAM thresholds its min-max-rescaled map; every other method: the peak
 
 
@@ -42,8 +50,10 @@ def method_maps(name: str, store: AttentionStore, size, select: dict | None = No
         # tokens where DAAM averages them: the same here, since the min-max threshold, pointing and mass
         # ignore scale (and every scene word is one token).
         return daam_heat_maps(store, size)
-    if name == "ours":
+    if name in ("ours", "top_heads"):  # top_heads: select names {layer: heads}
         return token_maps(store, size, **(select or {}))
+    if name == "refined":  # select holds refinement= and token_maps' filters
+        return refined_token_maps(store, size, **(select or {}))
     raise ValueError(f"unknown map method {name!r}")
 
 
@@ -66,6 +76,59 @@ def candidate_selections(store: AttentionStore) -> dict[str, dict]:
     return {f"{g} {r}": {**select, "timesteps": t} for g, select in groups.items() for r, t in ranges.items()}
 
 
+def candidate_refinements(store: AttentionStore, selection: dict) -> dict[str, dict]:
+    """Refinements to choose 'refined' from, on top of the plain aggregation's `selection`: iterations,
+    iSeg's sharpening and renormalisation, and which steps' self-attention (all, low noise, high noise)."""
+    T = store.num_train_timesteps
+    spans = (None, (0, round(0.3 * T) - 1), (round(0.5 * T), T - 1))
+    out = {}
+    for k in REFINE_ITERATIONS:
+        for sharpen in REFINE_SHARPEN:
+            for renorm in ("none", "iseg"):
+                for span in spans:
+                    refinement = Refinement(k, self_timesteps=span, sharpen=sharpen, renorm=renorm)
+                    out[refinement.describe()] = {**selection, "refinement": refinement}
+    return out
+
+
+def head_relevance(batches: list[Batch], size, timesteps=None) -> dict[tuple[str, int], float]:
+    """Each cross-attention (layer, head)'s relevance on `batches`: the mean share of its map inside the
+    word's object, over colour and shape words alike."""
+    store = batches[0].store
+    out = {}
+    for layer in sorted(n for n in store.layers if store.is_cross[n]):
+        for head in range(store.heads(layer)):
+            pairs = collect(batches, "top_heads", size, {"heads": {layer: [head]}, "timesteps": timesteps})
+            scored = pairs["shape_words"] + pairs["color_words"]
+            out[(layer, head)] = sum(mass(h, m) for h, m in scored) / max(1, len(scored))
+    return out
+
+
+def candidate_top_heads(relevance: dict[tuple[str, int], float], timesteps=None) -> dict[str, dict]:
+    """The top `TOP_HEAD_FRACTIONS` of heads by relevance, each as token_maps' {layer: heads}."""
+    ranked = sorted(relevance, key=lambda k: -relevance[k])
+    out = {}
+    for fraction in TOP_HEAD_FRACTIONS:
+        n = max(1, round(fraction * len(ranked)))
+        heads: dict[str, list[int]] = {}
+        for layer, head in sorted(ranked[:n]):
+            heads.setdefault(layer, []).append(head)
+        out[f"top {fraction:.0%} ({n} of {len(ranked)} heads)"] = {"heads": heads, "timesteps": timesteps}
+    return out
+
+
+def self_attention_entropy(store: AttentionStore) -> dict[str, float]:
+    """Per recorded self-attention layer: the mean entropy of its rows (heads and steps averaged) as a
+    fraction of the maximum, log N. 1 = every pixel looks everywhere alike: nothing to propagate along."""
+    out = {}
+    for name in store.layers:
+        if not store.is_cross[name]:
+            rows = store.mean(name)  # (B, N, N)
+            entropy = -(rows * rows.clamp(min=1e-12).log()).sum(-1).mean()
+            out[name] = float(entropy / math.log(rows.shape[-1]))
+    return out
+
+
 def _pairs_for(maps: torch.Tensor, entries) -> dict[str, list]:
     """(map, mask) pairs split into shape and colour words. entries: (batch index, word, tokens, mask)."""
     out = {"shape_words": [], "color_words": []}
@@ -81,18 +144,19 @@ class Batch:
     entries: list  # (batch index, word, token positions, mask)
 
 
-def dataset_batch(pipe, n: int, timestep: int, seed: int = 123) -> Batch:
-    """Held-out dataset scenes noised to `timestep`, denoised one step with their captions; exact masks."""
+def dataset_scenes(pipe, n: int, seed: int = 123) -> list:
+    """The evaluation's `n` held-out dataset scenes (`dataset_batch` reads these)."""
     sampler = SceneSampler(seed, pipe.unet.config.sample_size, pipe.unet.config.sample_size, split="eval")
-    scenes = [sampler() for _ in range(n)]
+    return [sampler() for _ in range(n)]
+
+
+def dataset_batch(pipe, n: int, timestep: int, seed: int = 123) -> Batch:
+    """Held-out dataset scenes noised to `timestep`, denoised one step with their captions; exact masks.
+    Scene i is noised with seed `seed + i` (`record_noised`), as `scripts/attend.py --seed` would."""
+    scenes = dataset_scenes(pipe, n, seed)
     x0 = to_model_range(scenes_to_tensor(scenes))  # (n, 3, H, W) in [-1, 1]
-    sched = DDPMScheduler.from_config(pipe.scheduler.config)  # the model's own noise schedule
-    t = torch.full((n,), timestep)
-    noisy = sched.add_noise(x0, torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed)), t)
-    store = AttentionStore.for_pipeline(pipe)  # the same config as `sched`
-    with torch.no_grad(), store.attach(pipe.unet):
-        pipe.unet(noisy.to(pipe.device), t.to(pipe.device),
-                  encoder_hidden_states=pipe.encode_prompt([s.caption for s in scenes]))
+    store = record_noised(pipe, x0, [s.caption for s in scenes], timestep, [seed + i for i in range(n)],
+                          refined_store(pipe))
     entries = []
     for i, s in enumerate(scenes):
         words = prompt_words(pipe.tokenizer, s.caption)
@@ -117,12 +181,13 @@ def best_threshold(pairs, rule: str = "peak") -> float:
     return float(max(sweep, key=sweep.get))
 
 
-def choose_selection(batches: list[Batch], size) -> tuple[str, dict, float]:
-    """Best 'ours' aggregation and threshold on the selection split, by shape-word (mIoU + pointing)."""
+def choose_best(batches: list[Batch], size, method: str, candidates: dict[str, dict]) -> tuple[str, dict, float]:
+    """The candidate of `method` (name -> select) and threshold scoring best on `batches`, by shape-word
+    (mIoU + pointing)."""
     best = None
-    for name, select in candidate_selections(batches[0].store).items():
+    for name, select in candidates.items():
         try:
-            pairs = collect(batches, "ours", size, select)["shape_words"]
+            pairs = collect(batches, method, size, select)["shape_words"]
         except ValueError:  # no layer/timestep matches this candidate
             continue
         threshold = best_threshold(pairs)
@@ -130,14 +195,40 @@ def choose_selection(batches: list[Batch], size) -> tuple[str, dict, float]:
         value = (s["miou"] or 0) + (s["pointing"] or 0)
         if best is None or value > best[0]:
             best = (value, name, select, threshold)
+    if best is None:
+        raise ValueError(f"no candidate of {method!r} matched the recorded attention: {list(candidates)[:5]}")
     return best[1], best[2], best[3]
+
+
+def choose_selection(batches: list[Batch], size) -> tuple[str, dict, float]:
+    """Best 'ours' aggregation and threshold on the selection split, by shape-word (mIoU + pointing)."""
+    return choose_best(batches, size, "ours", candidate_selections(batches[0].store))
+
+
+def choose_readouts(batches: list[Batch], size, selection: dict) -> dict[str, tuple[str, dict, float]]:
+    """'refined' and 'top_heads', each chosen on the selection split `batches` on top of the plain
+    aggregation's `selection`: name, select and threshold."""
+    store = batches[0].store
+    relevance = head_relevance(batches, size, selection.get("timesteps"))
+    return {"refined": choose_best(batches, size, "refined", candidate_refinements(store, selection)),
+            "top_heads": choose_best(batches, size, "top_heads",
+                                     candidate_top_heads(relevance, selection.get("timesteps")))}
+
+
+def one_pass(method: str, select: dict | None) -> dict | None:
+    """`select` for a store of one forward pass (dataset images): timestep filters do not apply."""
+    if select is None:
+        return None
+    select = {k: v for k, v in select.items() if k != "timesteps"}
+    if method == "refined":
+        select["refinement"] = dataclasses.replace(select["refinement"], self_timesteps=None)
+    return select
 
 
 def map_scores(batches, size, methods: dict[str, tuple[dict | None, float]]) -> dict:
     out = {}
     for name, (select, threshold) in methods.items():
-        method = "ours" if name == "ours" else name
-        pairs = collect(batches, method, size, select)
+        pairs = collect(batches, name, size, select)
         rule = THRESHOLD_RULE.get(name, "peak")
         out[name] = {kind: score_maps(p, threshold, rule) for kind, p in pairs.items()}
         out[name]["threshold"], out[name]["threshold_rule"] = threshold, rule

@@ -11,12 +11,85 @@ from matplotlib.figure import Figure
 
 from crossattn.overlay import ALPHA, CMAP
 
-from .map_scoring import BASELINES, method_maps
+from .map_scoring import BASELINES, READOUTS, method_maps
 from .prompts import TASKS
+
+READOUT_LABELS = {"refined": "refined", "top_heads": "top heads"}
+# The contenders of "where each wins": our plain aggregation, the read-outs beyond it, DAAM's recipe.
+CONTENDERS = ("ours", *READOUTS, "daam")
 
 
 def _fmt(x) -> str:
     return "–" if x is None else f"{x:.3f}"
+
+
+def _block(report: dict, name: str, dataset: bool) -> dict | None:
+    """The scores of method `name` on generated (or dataset) images; None in reports from before it."""
+    suffix = "_dataset" if dataset else ""
+    if name == "ours":
+        return report["maps" + suffix]
+    if name in READOUTS:
+        return report.get("readouts" + suffix, {}).get(name)
+    return report["baselines" + suffix][name]
+
+
+def map_rows(report: dict, dataset: bool) -> list[str]:
+    """The map-accuracy table (markdown lines) for generated or dataset images: ours, the read-outs, baselines."""
+    lines = ["| method | shape mIoU | shape pointing | shape mass | colour mIoU | colour pointing | colour mass "
+             "| threshold | words (shape/colour) |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [("ours (plain): " + report["maps"]["aggregation"], _block(report, "ours", dataset))]
+    rows += [(f"{READOUT_LABELS[r]}: {b['params']}", b) for r in READOUTS if (b := _block(report, r, dataset))]
+    rows += [(b, _block(report, b, dataset)) for b in BASELINES]
+    for name, r in rows:
+        sh, co = r["shape_words"], r["color_words"]
+        lines.append(f"| {name} | {_fmt(sh['miou'])} | {_fmt(sh['pointing'])} | {_fmt(sh['mass'])} | "
+                     f"{_fmt(co['miou'])} | {_fmt(co['pointing'])} | {_fmt(co['mass'])} | {r['threshold']}"
+                     f"{' (min-max)' if r.get('threshold_rule') == 'minmax' else ''} | "
+                     f"{sh['n']}/{co['n']} |")
+    return lines
+
+
+def winners(report: dict) -> list[str]:
+    """'Where each wins' (markdown lines): per images, words and measure, the best of `CONTENDERS`."""
+    lines = ["| images | words | mIoU | pointing | mass |", "|---|---|---|---|---|"]
+    for dataset, images in ((False, "generated"), (True, "dataset")):
+        blocks = {n: b for n in CONTENDERS if (b := _block(report, n, dataset))}
+        for kind, words in (("shape_words", "shape"), ("color_words", "colour")):
+            cells = []
+            for measure in ("miou", "pointing", "mass"):
+                scored = {n: b[kind][measure] for n, b in blocks.items() if b[kind][measure] is not None}
+                if not scored:
+                    cells.append("–")
+                    continue
+                best = max(scored, key=scored.get)
+                plain = f" (plain {scored['ours']:.3f})" if best != "ours" else ""
+                cells.append(f"{best} {scored[best]:.3f}{plain}")
+            lines.append(f"| {images} | {words} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def maps_markdown(report: dict) -> str:
+    """What the README's maps section shows, straight from the report: both map tables, where each read-out
+    wins, the self-attention's row entropy and the dataset read-out against the timestep."""
+    lines = ["### Map accuracy on generated images (masks from the detector)", "", *map_rows(report, False), "",
+             f"### Map accuracy on dataset images denoised one step from t={report['maps_dataset']['timestep']} "
+             "(exact masks)", "", *map_rows(report, True), ""]
+    if "readouts" in report:
+        lines += ["### Where each read-out wins (ours = plain, refined, top_heads, daam)", "", *winners(report), ""]
+    if report.get("self_attention_entropy"):
+        entropy = report["self_attention_entropy"]
+        lines += ["Self-attention row entropy, as a fraction of the maximum (1 = uniform rows): "
+                  + ", ".join(f"{name} {value:.2f}" for name, value in entropy.items()) + ".", ""]
+    if report.get("dataset_timestep_sweep"):
+        sweep = report["dataset_timestep_sweep"]
+        lines += ["### Dataset read-out against the timestep (plain / refined)", "",
+                  "| t | shape mIoU | shape pointing | colour mIoU | colour pointing |", "|---|---|---|---|---|"]
+        for t, v in sweep.items():
+            cells = [f"{_fmt(v['ours'][k][m])} / {_fmt(v['refined'][k][m])}"
+                     for k in ("shape_words", "color_words") for m in ("miou", "pointing")]
+            lines.append(f"| {t} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def markdown(report: dict, title: str) -> str:
@@ -34,21 +107,7 @@ def markdown(report: dict, title: str) -> str:
         g = pf["background_grain"]
         lines += [f"Background grain (mean |pixel| off the detected objects, 0-255; the data's is 0): "
                   f"mean {g['mean']:.2f}, 90th percentile {g['p90']:.2f}.", ""]
-    for key, base_key, heading in (("maps", "baselines", "generated images (masks from the detector)"),
-                                   ("maps_dataset", "baselines_dataset",
-                                    f"dataset images denoised one step from t={report['maps_dataset']['timestep']} "
-                                    "(exact masks)")):
-        lines += [f"## Map accuracy on {heading}", "",
-                  "| method | shape mIoU | shape pointing | shape mass | colour mIoU | colour pointing | colour mass "
-                  "| threshold | words (shape/colour) |", "|---|---|---|---|---|---|---|---|---|"]
-        rows = [("ours: " + report["maps"]["aggregation"], report[key])] + [(b, report[base_key][b]) for b in BASELINES]
-        for name, r in rows:
-            sh, co = r["shape_words"], r["color_words"]
-            lines.append(f"| {name} | {_fmt(sh['miou'])} | {_fmt(sh['pointing'])} | {_fmt(sh['mass'])} | "
-                         f"{_fmt(co['miou'])} | {_fmt(co['pointing'])} | {_fmt(co['mass'])} | {r['threshold']}"
-                         f"{' (min-max)' if r.get('threshold_rule') == 'minmax' else ''} | "
-                         f"{sh['n']}/{co['n']} |")
-        lines.append("")
+    lines += [maps_markdown(report).replace("### ", "## ")]
     sweep = report["maps"]["shape_words"]["sweep"]
     lines += ["## Threshold sweep (ours, shape words, generated images; fraction of each map's maximum)", "",
               "| " + " | ".join(sweep) + " |", "|" + "---|" * len(sweep),
@@ -113,6 +172,7 @@ def write(report: dict, records, batches, selection, folder: Path, title: str) -
     (folder / "report.json").write_text(json.dumps(report, indent=1))
     (folder / "report.md").write_text(markdown(report, title) + "\n![tasks and maps](tasks.png)\n\n"
                                       "![hits and misses](examples.png)\n")
+    (folder / "maps.md").write_text(maps_markdown(report) + "\n")  # the README's maps tables, as they are
     bar_chart(report, folder / "tasks.png")
     examples(records, batches, selection, folder / "examples.png")
     return folder
