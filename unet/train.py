@@ -2,8 +2,11 @@
 
 The same code runs under plain `python` on a CPU and under `accelerate launch` on many GPUs.
 One checkpoint file (`checkpoint.safetensors`) holds everything `--resume` needs -- weights, EMA,
-optimizer moments, step and RNG states -- written to a temp file and renamed, so a crash or
-Ctrl-C never leaves a half-written checkpoint.
+optimizer moments, step and RNG states -- written to a temp file and renamed, with a SHA-256 of its
+tensors checked on resume (unet/checkpoint.py), so a crash or Ctrl-C never leaves a half-written
+checkpoint and a damaged one is never trained on. Ctrl-C and SIGTERM are held back to the end of
+the step, so the checkpoint they save is the one a periodic checkpoint at that step would hold, and
+`--resume` from it continues bit for bit as if the run had never stopped.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from diffusers import DDPMScheduler
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
+from . import checkpoint
 from .ablation import BidirectionalText, OracleSlots
+from .cli.folders import partial_folder, publish  # what the commands share for interrupts and result folders
+from .cli.signals import DeferredSignals
 from .data import SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
 from .model import UNet
 from .pipeline import ScenePipeline, check_seed, make_scheduler
@@ -119,27 +123,43 @@ class TrainConfig:
         check_seed(self.seed, top=TRAIN_MAX_SEED)
 
 
-def check_resumable(out: Path) -> None:
-    """A run folder `--resume` can continue: a readable config and a checkpoint with its step and weights."""
+def check_resumable(out: Path, steps: int | None = None) -> None:
+    """A run folder `--resume` can continue (to `steps`, if given): a readable config and an undamaged checkpoint
+    (its recorded SHA-256, finite weights) with its step and weights, not already past `steps`."""
     ckpt, config = out / "checkpoint.safetensors", out / "train_config.json"
     if not ckpt.is_file():
         raise FileNotFoundError(f"--resume given but {ckpt} does not exist")
-    try:
-        with safe_open(str(ckpt), "pt") as f:
-            step, keys = (f.metadata() or {}).get("step"), list(f.keys())
-    except Exception as e:  # safetensors raises its own error types and OSError
-        raise ValueError(f"{ckpt} is not a readable safetensors checkpoint: {e}") from e
+    metadata, keys = checkpoint.read_metadata(ckpt)
+    step = metadata.get("step")
     if step is None or not step.isdigit():
         raise ValueError(f"{ckpt} does not record its step (metadata 'step'): it was not written by this script")
     missing = [p for p in ("unet", "ema") if not any(k.startswith(p + ".") for k in keys)]
     if missing:
         raise ValueError(f"{ckpt} lacks the weights of {missing}: it cannot be resumed")
+    done = int(step) == steps and (out / "pipeline" / "model_index.json").is_file()
+    if steps is not None and (int(step) > steps or done):
+        raise ValueError(f"--resume --steps {steps}: the checkpoint is at step {step} already"
+                         f"{' and its pipeline is written' if done else ''}; give --steps above {step} to train on")
     try:
         saved = json.loads(config.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"--resume needs {config}, a readable JSON file: {e}") from e
     if not isinstance(saved, dict):
         raise ValueError(f"{config} must hold a JSON object of training settings")
+    checkpoint.load(ckpt)  # the hash and finiteness: a damaged checkpoint is refused before any work
+
+
+def trim_log(path: Path, step: int) -> None:
+    """Keep the rows of the loss log up to `step` (the checkpoint a resume starts from): the rows after it were
+    logged by steps the resumed run does again, so every step then appears exactly once."""
+    if not path.exists():
+        return
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if len(r) == 3 and r[0].isdigit() and int(r[0]) <= step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    os.replace(tmp, path)
 
 
 def resumed_config(cfg: TrainConfig, saved: dict) -> TrainConfig:
@@ -247,7 +267,7 @@ class Trainer:
         if self.ckpt_path.exists() and not cfg.resume:
             raise FileExistsError(f"{self.ckpt_path} exists; pass --resume to continue it or choose another --out")
         if cfg.resume:
-            check_resumable(self.out)
+            check_resumable(self.out, cfg.steps)
         self.accelerator = Accelerator()
         torch.manual_seed(cfg.seed)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -265,6 +285,7 @@ class Trainer:
         self.params, self.optimizer = build_optimizer(self.unet, self.text_encoder, cfg)
         self.dataset = training_data(cfg)
         self.step = 0
+        self.saved_step: int | None = None  # the step of the checkpoint on disk, once this run wrote or read one
         self.noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
         if cfg.resume:
             self._load_checkpoint()
@@ -335,17 +356,12 @@ class Trainer:
                 tensors[f"opt.{pid}.{k}"] = torch.as_tensor(v).cpu().contiguous()
         tensors["rng.noise"] = self.noise_gen.get_state()
         tensors["rng.torch"] = torch.get_rng_state()
-        tmp = self.ckpt_path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata={"step": str(self.step)})
-        os.replace(tmp, self.ckpt_path)
+        checkpoint.save(tensors, self.ckpt_path, {"step": str(self.step)})
+        self.saved_step = self.step
 
     def _load_checkpoint(self):
-        try:
-            tensors = load_file(str(self.ckpt_path))
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"{self.ckpt_path} is not a readable safetensors checkpoint: {e}") from e
-        with safe_open(str(self.ckpt_path), "pt") as f:
-            self.step = int(f.metadata()["step"])
+        tensors, metadata = checkpoint.load(self.ckpt_path)
+        self.step = self.saved_step = int(metadata["step"])
         for prefix, module in (("unet", self.unet), ("text", self.text_encoder), ("ema", self.ema),
                                ("ema_text", self.ema_text)):
             module.load_state_dict({k[len(prefix) + 1:]: v for k, v in tensors.items()
@@ -376,53 +392,67 @@ class Trainer:
         grid.resize((grid.width * 4, grid.height * 4), Image.NEAREST).save(path)
 
     def train(self, progress: bool = True) -> list[float]:
-        """Run to `cfg.steps`; returns the losses of this call. Ctrl-C saves a checkpoint first."""
+        """Run to `cfg.steps`; returns the losses of this call.
+
+        Ctrl-C and SIGTERM are held back to the end of the step: the run then saves its checkpoint (the one a
+        periodic checkpoint at that step would be) and raises `Interrupted`. The loss log is flushed with
+        every checkpoint; a resumed run first drops the rows logged after its checkpoint.
+        """
         cfg = self.cfg
         (self.out / "samples").mkdir(exist_ok=True)
+        trim_log(self.out / "loss.csv", self.step)
         log = open(self.out / "loss.csv", "a", newline="")  # noqa: SIM115 -- closed in the finally below
         writer = csv.writer(log)
         losses = []
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress or not self.accelerator.is_main_process,
                    desc="training")
         t0, seen = time.time(), 0
-        try:
-            while self.step < cfg.steps:
-                for g in self.optimizer.param_groups:
-                    g["lr"] = lr_at(self.step, cfg)
-                images, captions = self.batch(self.step)
-                loss = self.loss(images, captions)
-                self.optimizer.zero_grad(set_to_none=True)
-                self.accelerator.backward(loss)
-                self.accelerator.clip_grad_norm_(self.params, cfg.grad_clip)
-                self.optimizer.step()
-                self.step += 1
-                self.update_ema()
-                losses.append(loss.item())
-                seen += len(images) * self.accelerator.num_processes
-                writer.writerow([self.step, f"{losses[-1]:.5f}", f"{time.time() - t0:.1f}"])
-                bar.set_postfix(loss=f"{losses[-1]:.4f}", img_s=f"{seen / (time.time() - t0):.0f}")
-                bar.update(1)
-                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
-                    self.save_checkpoint()
-                out_of_time = cfg.max_minutes > 0 and time.time() - t0 > 60 * cfg.max_minutes
-                if out_of_time and self.step % cfg.checkpoint_every:
-                    self.save_checkpoint()
-                if (self.accelerator.is_main_process and cfg.snapshot_every and self.step % cfg.snapshot_every == 0
-                        and cfg.text_variant == "clip"):
-                    self.save_pipeline(self.out / "snapshots" / f"step_{self.step:06d}")
-                if self.accelerator.is_main_process and (self.step % cfg.sample_every == 0 or self.step == cfg.steps
-                                                         or out_of_time):
-                    self.save_samples(self.out / "samples" / f"step_{self.step:06d}.png")
-                if out_of_time:
-                    bar.write(f"--max-minutes {cfg.max_minutes} reached at step {self.step}; --resume continues")
-                    break
-        except KeyboardInterrupt:
+
+        def save_checkpoint():
+            log.flush()  # rows up to this step are on disk before the checkpoint that covers them
             self.save_checkpoint()
-            bar.write(f"interrupted: checkpoint saved at step {self.step} in {self.ckpt_path}; --resume continues")
-            raise
-        finally:
-            bar.close()
-            log.close()
+
+        with DeferredSignals() as held:
+            try:
+                while self.step < cfg.steps:
+                    held.raise_pending()  # between steps: nothing of the next one has drawn a random number yet
+                    for g in self.optimizer.param_groups:
+                        g["lr"] = lr_at(self.step, cfg)
+                    images, captions = self.batch(self.step)
+                    loss = self.loss(images, captions)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.accelerator.backward(loss)
+                    self.accelerator.clip_grad_norm_(self.params, cfg.grad_clip)
+                    self.optimizer.step()
+                    self.step += 1
+                    self.update_ema()
+                    losses.append(loss.item())
+                    seen += len(images) * self.accelerator.num_processes
+                    writer.writerow([self.step, f"{losses[-1]:.5f}", f"{time.time() - t0:.1f}"])
+                    bar.set_postfix(loss=f"{losses[-1]:.4f}", img_s=f"{seen / (time.time() - t0):.0f}")
+                    bar.update(1)
+                    if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                        save_checkpoint()
+                    out_of_time = cfg.max_minutes > 0 and time.time() - t0 > 60 * cfg.max_minutes
+                    if out_of_time and self.step % cfg.checkpoint_every:
+                        save_checkpoint()
+                    if (self.accelerator.is_main_process and cfg.snapshot_every
+                            and self.step % cfg.snapshot_every == 0 and cfg.text_variant == "clip"):
+                        self.save_pipeline(self.out / "snapshots" / f"step_{self.step:06d}")
+                    if self.accelerator.is_main_process and (self.step % cfg.sample_every == 0
+                                                             or self.step == cfg.steps or out_of_time):
+                        self.save_samples(self.out / "samples" / f"step_{self.step:06d}.png")
+                    if out_of_time:
+                        bar.write(f"--max-minutes {cfg.max_minutes} reached at step {self.step}; --resume continues")
+                        break
+                held.raise_pending()
+            except KeyboardInterrupt:
+                if self.saved_step != self.step:  # signals are still held: this save is never cut short
+                    save_checkpoint()
+                raise
+            finally:
+                bar.close()
+                log.close()
         if self.accelerator.is_main_process:
             if cfg.text_variant == "clip":  # ablation encoders are not diffusers parts
                 self.save_pipeline(self.out / "pipeline")
@@ -430,18 +460,23 @@ class Trainer:
         return losses
 
     def save_pipeline(self, folder: Path):
-        """The EMA pipeline, plus the words its captions used (so generation can warn about unseen ones)."""
-        self.pipeline().save_pretrained(folder)
-        for name in ("vocab.json", "merges.txt"):  # save_pretrained writes tokenizer.json only; 4.x users need these
-            if (self.out / "tokenizer" / name).exists():
-                shutil.copy(self.out / "tokenizer" / name, folder / "tokenizer" / name)
+        """The EMA pipeline, plus the words its captions used (so generation can warn about unseen ones), written
+        into a partial folder and renamed into place (replacing an older one) only when complete."""
         if self.dataset is not None:
             captions = self.dataset.captions
         else:
             sampler = SceneSampler(self.cfg.seed, 8, 8)  # tiny scenes: only their captions are needed
             captions = [sampler().caption for _ in range(2000)]
         words = sorted({w for caption in captions for w in caption.split()})
-        (folder / "trained_words.json").write_text(json.dumps(words))
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with partial_folder(folder.parent) as tmp:
+            self.pipeline().save_pretrained(tmp)
+            # save_pretrained writes tokenizer.json only; 4.x users need these
+            for name in ("vocab.json", "merges.txt"):
+                if (self.out / "tokenizer" / name).exists():
+                    shutil.copy(self.out / "tokenizer" / name, tmp / "tokenizer" / name)
+            (tmp / "trained_words.json").write_text(json.dumps(words))
+            publish(tmp, folder, replace=True)
 
 
 def plot_loss(csv_path: Path, png_path: Path, smooth: int = 50) -> None:

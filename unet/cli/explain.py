@@ -43,7 +43,7 @@ def check_inputs(args):
     Fills in the default pixel for 'pixel'."""
     check_prompt_text(args.prompt)
     check_seed(args.seed)
-    check_out_dir(Path(args.out))
+    check_out_dir(args.out)
     pipe = load_pipeline(args.model, show_progress=False)
     words = [w.text for w in prompt_words(pipe.tokenizer, args.prompt)]
     word = args.word or next((w for w in words if w in SHAPES), words[-1])

@@ -18,8 +18,13 @@ from .signals import raise_swallowed
 PARTIAL = ".partial-"  # prefix of the hidden folder a result is written into before it is renamed into place
 
 
-def check_out_dir(out: Path, flag: str = "--out") -> None:
-    """Raise UsageError unless `out` is a writable folder or can be created as one. Creates nothing."""
+def check_out_dir(out: str | Path, flag: str = "--out") -> None:
+    """Raise UsageError unless `out` is a writable folder or can be created as one. Creates nothing.
+
+    Give the user's text itself: `Path("")` is ".", and an empty `--out` must not mean the current folder."""
+    if not str(out).strip():
+        raise UsageError(f"{flag} is empty (''); give a folder, e.g. {flag} outputs")
+    out = Path(out)
     try:
         if out.exists() and not out.is_dir():
             raise UsageError(f"{flag} {out} is a file, not a folder")

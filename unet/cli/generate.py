@@ -24,7 +24,16 @@ from PIL import Image, PngImagePlugin
 from safetensors.torch import save_file
 
 from crossattn.capture import AttentionStore
-from crossattn.maps import NORMALIZATIONS, word_maps
+from crossattn.maps import (
+    DEFAULT_MAP_KIND,
+    DEFAULT_REFINEMENT,
+    MAP_KINDS,
+    NORMALIZATIONS,
+    daam_grid,
+    maps_of,
+    refined_store,
+    word_maps,
+)
 from crossattn.overlay import overlay_grid, to_uint8, word_overlay
 from crossattn.text import prompt_words
 from crossattn.viewer import write_run_page
@@ -55,17 +64,91 @@ def _versions() -> dict:
             "transformers": version("transformers"), "crossattn": version("crossattn"), "machine": platform.machine()}
 
 
+def map_store(pipe, kind: str, self_attention: bool = False) -> AttentionStore:
+    """The store a run of map kind `kind` records into: everything with `--self-attention`; else the
+    cross-attention, plus the bounded self-attention record refined maps need (heads averaged) for
+    `--maps refined` or our own small model, whose run page then offers refined maps too."""
+    if self_attention:
+        return AttentionStore.for_pipeline(pipe, self_attention=True)
+    if kind == "refined" or isinstance(pipe, ScenePipeline):
+        return refined_store(pipe)
+    return AttentionStore.for_pipeline(pipe)
+
+
+def run_maps(pipe, store: AttentionStore, words, size, kind: str, normalize: str):
+    """The run's maps: (N, words, H, W) of `kind`, the tensors of maps.safetensors (`kind`'s maps per word,
+    and the plain maps of each cross-attention layer) and, for the run page, every kind the store can give
+    (raw: the page normalises)."""
+    grid = daam_grid(pipe, *size)
+    maps = maps_of(kind, store, words, size, index=None, normalize=normalize, grid=grid)  # (N, words, H, W)
+    tensors = {f"{w.index}_{w.text}": maps[:, w.index].contiguous() for w in words}
+    for layer in sorted(store.layers):
+        if not store.is_cross[layer]:
+            continue
+        for w in words:
+            tensors[f"layer/{layer}/{w.index}_{w.text}"] = word_maps(
+                store, [w], size, index=None, normalize=normalize, layers=[layer])[:, 0].contiguous()
+    kinds = {}
+    for other in MAP_KINDS:
+        try:
+            kinds[other] = maps_of(other, store, words, size, index=None, grid=grid)
+        except ValueError:  # refined without self-attention recorded; DAAM without up/down layers
+            continue
+    return maps, tensors, kinds
+
+
+def write_run_files(tmp: Path, images, maps, tensors: dict, words, words_filter, meta: dict, store,
+                    kinds: dict) -> dict:
+    """Write a run folder's files into `tmp`: image_<k>.png (prompt, seed, index in text chunks), overlays,
+    words/, maps.safetensors, meta.json (`meta` plus the image names, shown words and write time) and the
+    run page. `generate.py` and `attend.py` write the same folder with it; returns the meta written."""
+    t0 = time.perf_counter()
+    prompt = meta["prompt"]
+    names = []
+    for k, image in enumerate(images):
+        info = PngImagePlugin.PngInfo()
+        info.add_text("prompt", prompt)
+        info.add_text("seed", str(meta["seed"]))
+        info.add_text("index", str(k))
+        names.append(f"image_{k}.png")
+        Image.fromarray(image).save(tmp / names[-1], pnginfo=info)
+    shown = [w for w in words if words_filter is None or w.text in words_filter]
+    vmax = float(maps[0, [w.index for w in shown]].max()) if shown else None
+    for k, image in enumerate(images):
+        overlay_grid(image, maps[k, [w.index for w in shown]], [w.text for w in shown],
+                     tmp / ("overlay.png" if k == 0 else f"overlay_{k}.png"), title=prompt, vmax=vmax)
+    (tmp / "words").mkdir()
+    for w in shown:
+        word_overlay(images[0], maps[0, w.index], w.text, tmp / "words" / f"{w.index}_{_slug(w.text)}.png",
+                     vmax=vmax)
+    save_file(tensors, str(tmp / "maps.safetensors"),
+              metadata={"prompt": prompt, "normalize": meta["normalize"], "maps": meta["maps"]})
+    meta = {**meta, "words": [asdict(w) for w in words], "shown_words": [w.text for w in shown], "images": names,
+            "num_images": len(images), "height": int(images.shape[1]), "width": int(images.shape[2]),
+            "layers": {name: list(store.layer_shapes[name]) for name in store.layers}}
+    meta["timings"] = {**meta.get("timings", {}), "write_s": time.perf_counter() - t0}
+    meta["timings"] = {k: round(v, 3) for k, v in meta["timings"].items()}
+    meta["versions"] = _versions()
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    write_run_page(tmp, store, words, meta, kinds)  # index.html + viewer_data.js: the run in a browser
+    return meta
+
+
 def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_name: str,
-                 words_filter: list[str] | None = None, overwrite: bool = False, show_progress: bool = True) -> Path:
-    """Generate `settings.num_images` images for `prompt` and write its folder; returns the folder."""
+                 words_filter: list[str] | None = None, overwrite: bool = False, show_progress: bool = True,
+                 maps: str = DEFAULT_MAP_KIND) -> Path:
+    """Generate `settings.num_images` images for `prompt` and write its folder; returns the folder.
+    `maps`: the map kind the overlays and maps.safetensors hold (`crossattn.maps.MAP_KINDS`)."""
     check_settings(settings)
+    if maps not in MAP_KINDS:
+        raise UsageError(f"--maps must be one of {', '.join(MAP_KINDS)}, got {maps!r:.60}")
     if settings.guidance is None:
         settings = dataclasses.replace(settings, guidance=default_guidance(pipe))
     check_model_settings(pipe, settings)
     timings = {}
     words = prompt_words(pipe.tokenizer, prompt)
     generator = torch.Generator(device="cpu").manual_seed(settings.seed)
-    store = AttentionStore.for_pipeline(pipe, self_attention=settings.self_attention)
+    store = map_store(pipe, maps, settings.self_attention)
     t0 = time.perf_counter()
     with store.attach(pipe.unet):  # the store tells the guided halves apart by itself
         kwargs = dict(num_inference_steps=settings.steps, guidance_scale=settings.guidance, generator=generator,
@@ -81,47 +164,15 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
     t0 = time.perf_counter()
     images = to_uint8(images)  # (N, H, W, 3)
     size = images.shape[1:3]
-    maps = word_maps(store, words, size, index=None, normalize=settings.normalize)  # (N, words, H, W)
-    tensors = {f"{w.index}_{w.text}": maps[:, w.index].contiguous() for w in words}
-    for layer in sorted(store.layers):
-        if not store.is_cross[layer]:
-            continue
-        for w in words:
-            tensors[f"layer/{layer}/{w.index}_{w.text}"] = word_maps(
-                store, [w], size, index=None, normalize=settings.normalize, layers=[layer])[:, 0].contiguous()
+    word_tensor, tensors, kinds = run_maps(pipe, store, words, size, maps, settings.normalize)
     timings["maps_s"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
     with partial_folder(out_dir) as tmp:  # renamed into place only when complete; removed on any error
-        names = []
-        for k, image in enumerate(images):
-            info = PngImagePlugin.PngInfo()
-            info.add_text("prompt", prompt)
-            info.add_text("seed", str(settings.seed))
-            info.add_text("index", str(k))
-            names.append(f"image_{k}.png")
-            Image.fromarray(image).save(tmp / names[-1], pnginfo=info)
-        shown = [w for w in words if words_filter is None or w.text in words_filter]
-        vmax = float(maps[0, [w.index for w in shown]].max()) if shown else None
-        for k, image in enumerate(images):
-            overlay_grid(image, maps[k, [w.index for w in shown]], [w.text for w in shown],
-                         tmp / ("overlay.png" if k == 0 else f"overlay_{k}.png"), title=prompt, vmax=vmax)
-        (tmp / "words").mkdir()
-        for w in shown:
-            word_overlay(images[0], maps[0, w.index], w.text, tmp / "words" / f"{w.index}_{_slug(w.text)}.png",
-                         vmax=vmax)
-        save_file(tensors, str(tmp / "maps.safetensors"), metadata={"prompt": prompt, "normalize": settings.normalize})
-        timings["write_s"] = time.perf_counter() - t0
-        meta = {
-            "prompt": prompt, "words": [asdict(w) for w in words], "shown_words": [w.text for w in shown],
-            "seed": settings.seed, "steps": settings.steps, "guidance": settings.guidance,
-            "scheduler": type(pipe.scheduler).__name__, "num_images": len(images), "height": int(size[0]),
-            "width": int(size[1]), "normalize": settings.normalize, "model": model_name, "images": names,
-            "layers": {name: list(store.layer_shapes[name]) for name in store.layers},
-            "timings": {k: round(v, 3) for k, v in timings.items()}, "versions": _versions(),
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        write_run_page(tmp, store, words, meta)  # index.html + viewer_data.js: the run in a browser
+        meta = {"prompt": prompt, "seed": settings.seed, "steps": settings.steps, "guidance": settings.guidance,
+                "scheduler": type(pipe.scheduler).__name__, "normalize": settings.normalize, "maps": maps,
+                **({"refinement": asdict(DEFAULT_REFINEMENT)} if maps == "refined" else {}),
+                "model": model_name, "timings": timings}
+        write_run_files(tmp, images, word_tensor, tensors, words, words_filter, meta, store, kinds)
         # the folder is claimed only now, atomically: a run started beside this one gets "-2"
         return publish(tmp, out_dir / f"{_slug(prompt)}-s{settings.seed}", replace=overwrite)
 
@@ -147,6 +198,9 @@ def parse_args(argv=None):
     p.add_argument("--scheduler", default="ddim", choices=list(SCHEDULERS), help="sampler (default ddim)")
     p.add_argument("--normalize", default="raw", choices=NORMALIZATIONS, help="map normalisation (default raw: "
                    "each pixel's share of attention on the word)")
+    p.add_argument("--maps", default=DEFAULT_MAP_KIND, choices=MAP_KINDS,
+                   help=f"which maps the overlays and maps.safetensors hold (default {DEFAULT_MAP_KIND}, which "
+                        "measures best): plain cross-attention, refined through self-attention, or DAAM's recipe")
     p.add_argument("--out", default="outputs", help="parent folder for the results (default outputs/)")
     p.add_argument("--device", default=None, help="torch device, e.g. cuda (default: cpu)")
     p.add_argument("--self-attention", action="store_true", help="also record self-attention (more memory)")
@@ -165,7 +219,7 @@ def main(argv=None) -> int:
         try:
             # every check before any model work: a bad value costs nothing and leaves nothing behind
             check_settings(settings)
-            check_out_dir(Path(args.out))
+            check_out_dir(args.out)
             pipe = load_pipeline(args.model, args.scheduler, args.device, show_progress=not args.quiet)
             if settings.guidance is None:
                 settings = dataclasses.replace(settings, guidance=default_guidance(pipe))
@@ -183,7 +237,7 @@ def main(argv=None) -> int:
         try:
             for prompt in args.prompts:
                 folder = generate_one(pipe, prompt, settings, Path(args.out), model_name, args.words, args.overwrite,
-                                      show_progress=not args.quiet)
+                                      show_progress=not args.quiet, maps=args.maps)
                 print(folder)
                 if plan is not None:
                     folder = control_one(pipe, plan, prompt, settings, folder, show_progress=not args.quiet)

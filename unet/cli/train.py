@@ -8,10 +8,11 @@
 
 import argparse
 import shutil
-import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
 from unet.data import SceneDataset
@@ -45,9 +46,9 @@ def parse_args(argv=None):
 def check_config(cfg: TrainConfig) -> None:
     """Every setting (`TrainConfig.validate`) and the run folder, checked before anything is written."""
     cfg.validate()
-    check_out_dir(Path(cfg.out))
+    check_out_dir(cfg.out)
     if cfg.resume:
-        check_resumable(Path(cfg.out))
+        check_resumable(Path(cfg.out), cfg.steps)
 
 
 def _entries(folder: Path) -> set[Path] | None:
@@ -93,7 +94,7 @@ def _main(args) -> int:
         if args.make_data:
             if args.num_samples <= 0:
                 raise ValueError("--make-data needs --num-samples N > 0")
-            check_out_dir(Path(args.make_data), "--make-data")
+            check_out_dir(args.make_data, "--make-data")
             return make_data(args)
         values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
         values["channels"] = tuple(values["channels"])
@@ -115,8 +116,15 @@ def _main(args) -> int:
         return interrupted(e, "nothing was written")
     try:
         trainer.train(progress=not args.quiet)
-    except KeyboardInterrupt as e:  # the trainer saved its checkpoint and printed where
-        return 128 + getattr(e, "signum", signal.SIGINT)
+    except KeyboardInterrupt as e:  # held to the end of a step; the trainer saved its checkpoint there
+        if trainer.step >= trainer.cfg.steps:
+            return interrupted(e, f"trained to step {trainer.step} (checkpoint {trainer.ckpt_path}), but the pipeline "
+                                  "was not written; the same command with --resume writes it")
+        return interrupted(e, f"checkpoint saved at step {trainer.step} in {trainer.ckpt_path}; --resume continues")
+    except (OSError, SafetensorError) as e:  # a full disk or a file-size limit: what was written is whole
+        if not trainer.ckpt_path.exists():
+            remove_new(out, before)
+        return usage_error(f"could not write to {out}: {e}")
     except BaseException:
         if not trainer.ckpt_path.exists():  # nothing to resume from: leave no half-made run folder
             remove_new(out, before)
