@@ -137,3 +137,121 @@ def test_committed_v1_parts_without_hashes_still_join_and_resume(tmp_path):
     assert checkpoint_parts.main(["join", str(ROOT / "checkpoints" / "v1"), str(run / "checkpoint.safetensors")]) == 0
     trainer = Trainer(TrainConfig(out=str(run), steps=3591, resume=True))
     assert trainer.step == 3590 and trainer.saved_step == 3590
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from unet.train import Trainer
+    run = tmp_path_factory.mktemp("finished") / "run"
+    Trainer(tiny_config(run, steps=2)).train(progress=False)
+    return run
+
+
+def _damage(path: Path) -> None:
+    """4 KB of garbage in the tensor data (the header, first, stays readable)."""
+    data = bytearray(path.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    data[header + 100:header + 4196] = os.urandom(4096)
+    path.write_bytes(bytes(data))
+
+
+def _parts(finished_run, tmp_path) -> Path:
+    from unet.checkpoint import split
+    split(finished_run / "checkpoint.safetensors", tmp_path / "parts", part_bytes=100_000)
+    return tmp_path / "parts"
+
+
+def test_join_refuses_a_damaged_part(finished_run, tmp_path, capsys):
+    from unet.cli import checkpoint_parts
+    parts = _parts(finished_run, tmp_path)
+    _damage(sorted(parts.iterdir())[1])
+    target = tmp_path / "checkpoint.safetensors"
+    assert checkpoint_parts.main(["join", str(parts), str(target)]) == 2
+    one_line(capsys.readouterr().err, "is damaged: its tensors do not match the SHA-256 it records")
+    assert list(tmp_path.glob("*.safetensors")) == [] and list(tmp_path.glob(".*")) == []
+
+
+def test_join_refuses_a_part_from_another_checkpoint(finished_run, tmp_path, capsys):
+    from unet.checkpoint import load, save
+    from unet.cli import checkpoint_parts
+    parts = _parts(finished_run, tmp_path)
+    first = sorted(parts.iterdir())[0]
+    tensors, metadata = load(first)
+    tensors = {k: v + 1 if v.is_floating_point() else v for k, v in tensors.items()}
+    save(tensors, first, metadata)  # a whole, self-consistent part, of some other checkpoint
+    assert checkpoint_parts.main(["join", str(parts), str(tmp_path / "c.safetensors")]) == 2
+    one_line(capsys.readouterr().err, "do not make the checkpoint they were cut from")
+
+
+def test_split_never_overwrites_parts(finished_run, tmp_path, capsys):
+    from unet.cli import checkpoint_parts
+    parts = _parts(finished_run, tmp_path)
+    before = {p.name: p.read_bytes() for p in parts.iterdir()}
+    assert checkpoint_parts.main(["split", str(finished_run / "checkpoint.safetensors"), str(parts)]) == 2
+    one_line(capsys.readouterr().err, "already holds checkpoint parts")
+    assert {p.name: p.read_bytes() for p in parts.iterdir()} == before
+
+
+@pytest.mark.parametrize("how", ["text", "truncated", "garbled header"])
+def test_unreadable_checkpoint_files_give_one_line(finished_run, tmp_path, capsys, how):
+    from unet.cli import checkpoint_parts
+    bad = tmp_path / "bad.safetensors"
+    data = (finished_run / "checkpoint.safetensors").read_bytes()
+    bad.write_bytes({"text": b"just some notes\n", "truncated": data[:len(data) // 2],
+                     "garbled header": data[:8] + b"{garbage" + data[16:]}[how])
+    assert checkpoint_parts.main(["split", str(bad), str(tmp_path / "parts")]) == 2
+    one_line(capsys.readouterr().err, "is not a readable safetensors checkpoint")
+    assert not (tmp_path / "parts").exists()
+    (tmp_path / "parts2").mkdir()
+    bad.rename(tmp_path / "parts2" / "checkpoint-01-of-01.safetensors")
+    assert checkpoint_parts.main(["join", str(tmp_path / "parts2"), str(tmp_path / "c.safetensors")]) == 2
+    one_line(capsys.readouterr().err, "is not a readable safetensors checkpoint")
+    assert not (tmp_path / "c.safetensors").exists()
+
+
+def _copy_run(finished_run, tmp_path) -> Path:
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    shutil.rmtree(run / "pipeline")
+    return run
+
+
+def test_resume_refuses_a_damaged_checkpoint(finished_run, tmp_path, capsys):
+    from unet.cli import train as train_script
+    run = _copy_run(finished_run, tmp_path)
+    _damage(run / "checkpoint.safetensors")
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    assert train_script.main(["--out", str(run), *TINY_TRAIN, "--resume", "--steps", "3"]) == 2
+    one_line(capsys.readouterr().err, "is damaged")
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
+
+
+def test_resume_refuses_non_finite_weights_naming_the_tensor(finished_run, tmp_path, capsys):
+    from unet.checkpoint import load, save
+    from unet.cli import train as train_script
+    run = _copy_run(finished_run, tmp_path)
+    tensors, metadata = load(run / "checkpoint.safetensors")
+    tensors["ema.conv_in.weight"][0, 0, 0, 0] = float("nan")
+    save(tensors, run / "checkpoint.safetensors", {"step": metadata["step"]})  # a valid hash of bad weights
+    assert train_script.main(["--out", str(run), *TINY_TRAIN, "--resume", "--steps", "3"]) == 2
+    one_line(capsys.readouterr().err, "non-finite values (NaN or inf) in tensor 'ema.conv_in.weight'")
+
+
+def test_generate_refuses_a_pipeline_with_nan_weights(tiny_pipeline_dir, tmp_path, capsys):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from unet.cli import generate
+    model = tmp_path / "model"
+    shutil.copytree(tiny_pipeline_dir, model)
+    weights = model / "text_encoder" / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(k for k in tensors if "token_embedding" in k)
+    tensors[name][3] = float("nan")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    rc = generate.main(["a red circle", "--model", str(model), "--out", str(tmp_path / "out"), "--quiet"])
+    assert rc == 2
+    one_line(capsys.readouterr().err, "non-finite values (NaN or inf) in tensor 'text_encoder.")
+    assert not (tmp_path / "out").exists()

@@ -139,13 +139,14 @@ def join(folder: Path, checkpoint: Path) -> Path:
     expected = int(paths[0].stem.rsplit("-", 1)[1])
     if len(paths) != expected:
         raise FileNotFoundError(f"{folder} has {len(paths)} parts, their names say {expected}")
-    tensors, metadata = {}, None
+    tensors, metadata, wholes = {}, None, set()
     for path in paths:
         part, part_metadata = load(path)
         metadata = metadata or part_metadata
+        wholes.add(part_metadata.get(WHOLE_HASH))
         tensors.update(part)
-    whole = metadata.pop(WHOLE_HASH, None)
-    metadata.pop(HASH, None)
+    metadata = {k: v for k, v in metadata.items() if k not in (HASH, WHOLE_HASH)}
+    whole = wholes.pop() if len(wholes) == 1 else "parts disagree"
     if whole is not None and tensors_sha256(tensors) != whole:
         raise ValueError(f"the parts in {folder} do not make the checkpoint they were cut from (its SHA-256 "
                          "differs): a part is missing, extra or from another checkpoint")

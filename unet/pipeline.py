@@ -21,6 +21,8 @@ from PIL import Image
 from crossattn.errors import UsageError, shorten  # noqa: F401 -- UsageError: old imports
 from crossattn.overlay import to_uint8
 
+from .checkpoint import check_finite
+
 SD_GUIDANCE = 7.5  # diffusers' Stable Diffusion pipelines' default scale
 
 
@@ -169,6 +171,12 @@ def load_pipeline(model: str | Path | None = None, scheduler: str = "ddim", devi
         raise UsageError(f"could not load the model in {folder}: {type(e).__name__}: {reason}") from e
     try:
         pipe.scheduler = make_scheduler(scheduler, pipe.scheduler.config)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    try:  # damaged weights would sample NaN, which becomes an all-black image without a word
+        check_finite({f"{name}.{key}": value for name, part in pipe.components.items()
+                      if isinstance(part, torch.nn.Module) for key, value in part.state_dict().items()},
+                     f"the model in {folder}")
     except ValueError as e:
         raise UsageError(str(e)) from e
     pipe.trained_words = trained_words
