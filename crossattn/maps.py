@@ -37,6 +37,7 @@ from .text import Word
 
 NORMALIZATIONS = ("raw", "minmax", "softmax")
 MAP_KINDS = ("plain", "refined", "daam")
+DEFAULT_MAP_KIND = "plain"  # the kind that measures best on the shipped model (README, "Maps that point")
 
 
 def select_layers(store: AttentionStore, layers: list[str] | None = None, resolutions: list[int] | None = None,

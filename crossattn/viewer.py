@@ -60,8 +60,23 @@ def word_shares(weights: np.ndarray, words: list[Word]) -> np.ndarray:
     return out
 
 
-def run_page_data(store: AttentionStore, words: list[Word], meta: dict) -> dict:
-    """Everything the run page shows, as JSON-ready values: meta, words, windows and per-layer blocks."""
+def kind_blocks(kinds: dict) -> dict:
+    """The run page's other map kinds: {kind: (images, words, H, W) raw maps} -> {kind: base64 float32 data}.
+
+    Plain maps are rebuilt on the page from the per-layer blocks (so its selectors work); refined and DAAM's
+    come whole, at image size, and the page normalises them as it does the plain ones."""
+    out = {}
+    for kind, maps in kinds.items():
+        if kind == "plain":
+            continue
+        array = np.ascontiguousarray(maps.detach().cpu().numpy(), dtype="<f4")  # (images, words, H, W)
+        out[kind] = {"data": base64.b64encode(array.tobytes()).decode()}
+    return out
+
+
+def run_page_data(store: AttentionStore, words: list[Word], meta: dict, kinds: dict | None = None) -> dict:
+    """Everything the run page shows, as JSON-ready values: meta, words, windows, per-layer blocks and
+    the other map kinds (`kinds`: {kind: (images, words, H, W) raw maps}, see `kind_blocks`)."""
     layers = []
     for name in store.layers:
         if not store.is_cross[name]:
@@ -75,19 +90,23 @@ def run_page_data(store: AttentionStore, words: list[Word], meta: dict) -> dict:
             blocks.append({"window": window, "passes": passes, "data": base64.b64encode(fixed.tobytes()).decode()})
         layers.append({"name": name, "h": h, "w": w, "heads": store.heads(name), "blocks": blocks})
     windows = sorted({b["window"] for layer in layers for b in layer["blocks"]}, reverse=True)  # sampling order
+    other_kinds = kind_blocks(kinds or {})
     return {
         "format": 1, "quant": QUANT, "meta": meta, "words": [w.text for w in words],
         "height": meta["height"], "width": meta["width"], "num_images": meta["num_images"],
-        "normalize": meta["normalize"], "layers": layers,
+        "normalize": meta["normalize"], "layers": layers, "kind": meta.get("maps", "plain"),
+        "kinds": ["plain", *other_kinds], "kind_maps": other_kinds,
         "windows": [{"index": k, "lo": round(store.window_range(k)[0]), "hi": round(store.window_range(k)[1]) - 1}
                     for k in windows],
     }
 
 
-def write_run_page(folder: Path, store: AttentionStore, words: list[Word], meta: dict) -> Path:
-    """Write folder/index.html and folder/viewer_data.js for a run folder; returns the page's path."""
+def write_run_page(folder: Path, store: AttentionStore, words: list[Word], meta: dict,
+                   kinds: dict | None = None) -> Path:
+    """Write folder/index.html and folder/viewer_data.js for a run folder; returns the page's path.
+    `kinds`: other map kinds the page can switch to, {kind: (images, words, H, W) raw maps}."""
     folder = Path(folder)
-    data = run_page_data(store, words, meta)
+    data = run_page_data(store, words, meta, kinds)
     (folder / RUN_DATA).write_text("window.CROSSATTN_RUN = " + json.dumps(data, separators=(",", ":")) + ";\n")
     page = (TEMPLATES / "run.html").read_text().replace("{{title}}", html.escape(meta["prompt"]))
     (folder / RUN_PAGE).write_text(page)

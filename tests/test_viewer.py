@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from crossattn.capture import AttentionStore
-from crossattn.maps import word_maps
+from crossattn.maps import DEFAULT_REFINEMENT, maps_of, refined_store, word_maps
 from crossattn.text import prompt_words
 from crossattn.viewer import QUANT, RUN_DATA, gallery_main, word_shares, write_gallery
 from unet.cli.generate import generate_one
@@ -28,9 +28,9 @@ PROMPT = "a red circle left of a blue square"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
-def make_run(pipe, out, prompt=PROMPT, seed=0, **settings):
+def make_run(pipe, out, prompt=PROMPT, seed=0, maps="plain", **settings):
     return generate_one(pipe, prompt, Settings(seed=seed, steps=3, **settings), Path(out), "tiny-test-model",
-                        show_progress=False)
+                        show_progress=False, maps=maps)
 
 
 def run_data(folder: Path) -> dict:
@@ -44,8 +44,8 @@ def decode(block: dict, shape) -> np.ndarray:
     return np.frombuffer(base64.b64decode(block["data"]), dtype="<u2").reshape(shape).astype(np.float64) / QUANT
 
 
-def rerun_store(pipe, prompt=PROMPT, seed=0, steps=3, guidance=4.0, num_images=2):
-    """The same sampling as run_dir's (same seed: same weights), with the store kept for reference maps."""
+def rerun_store(pipe, prompt=PROMPT, seed=0, steps=3, guidance=None, num_images=2):
+    """The same sampling as run_dir's (same seed, the model's own guidance), with the store kept for reference maps."""
     store = AttentionStore.for_pipeline(pipe)
     with store.attach(pipe.unet):
         pipe(prompt, num_inference_steps=steps, guidance_scale=guidance,
@@ -276,6 +276,66 @@ def test_selectors_change_the_map_as_crossattn_maps_does(browser, run_dir, tiny_
     assert browser.find_element("id", "map").value_of_css_property("opacity") == "0.25"
     browser.save_screenshot(str(tmp_path / "run_selected.png"))
     assert all((tmp_path / n).stat().st_size > 1000 for n in ("run_layer.png", "run_selected.png"))
+
+
+@pytest.fixture(scope="module")
+def refined_run(tmp_path_factory, tiny_pipeline_dir):
+    from unet.cli.generate import load_pipeline
+    return make_run(load_pipeline(tiny_pipeline_dir), tmp_path_factory.mktemp("refined"), num_images=2,
+                    maps="refined")
+
+
+def test_run_data_holds_every_kind_and_meta_names_the_saved_one(refined_run, tiny_pipeline):
+    data, meta = run_data(refined_run), json.loads((refined_run / "meta.json").read_text())
+    assert meta["maps"] == data["kind"] == "refined" and data["kinds"] == ["plain", "refined", "daam"]
+    assert meta["refinement"]["iterations"] == DEFAULT_REFINEMENT.iterations
+    saved = load_file(str(refined_run / "maps.safetensors"))
+    store = sample_store(tiny_pipeline, refined_store(tiny_pipeline))
+    words = prompt_words(tiny_pipeline.tokenizer, PROMPT)
+    for kind in ("refined", "daam"):
+        got = np.frombuffer(base64.b64decode(data["kind_maps"][kind]["data"]), dtype="<f4")
+        got = got.reshape(2, len(words), 16, 16)
+        np.testing.assert_allclose(got, maps_of(kind, store, words, (16, 16), index=None), atol=1e-5)
+    refined = maps_of("refined", store, words, (16, 16), index=None)
+    for w in words:  # maps.safetensors holds the run's kind; per-layer maps stay plain
+        np.testing.assert_allclose(saved[f"{w.index}_{w.text}"], refined[:, w.index], atol=1e-5)
+    assert not np.allclose(saved["1_red"], word_maps(store, words, (16, 16), index=None)[:, 1], atol=1e-4)
+
+
+def sample_store(pipe, store, seed=0, steps=3, num_images=2):
+    """make_run's sampling again (same seed, default guidance) into `store`."""
+    with store.attach(pipe.unet):
+        pipe(PROMPT, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed), output_type="np",
+             show_progress=False, num_images_per_prompt=num_images)
+    return store
+
+
+def test_page_switches_between_map_kinds(browser, refined_run, tiny_pipeline, tmp_path):
+    open_page(browser, refined_run / "index.html")
+    words = prompt_words(tiny_pipeline.tokenizer, PROMPT)
+    store = sample_store(tiny_pipeline, refined_store(tiny_pipeline))
+    saved = load_file(str(refined_run / "maps.safetensors"))
+    assert [o.get_attribute("value") for o in browser.find_elements("css selector", "#kind-select option")] == [
+        "plain", "refined", "daam"]
+    assert browser.execute_script("return window.crossattnViewer.state.kind") == "refined"
+    np.testing.assert_allclose(page_maps(browser), torch.stack([saved[f"{w.index}_{w.text}"][0] for w in words]),
+                               atol=5e-5)  # the run's own kind, as saved
+    assert browser.find_element("id", "layer-select").get_attribute("disabled") is not None
+    drawn = {"refined": canvas_pixels(browser)}
+    for kind in ("plain", "daam", "refined"):
+        choose(browser, "kind-select", kind)
+        np.testing.assert_allclose(page_maps(browser), maps_of(kind, store, words, (16, 16), index=0), atol=5e-5)
+        drawn[kind] = canvas_pixels(browser)
+        assert (browser.find_element("id", "layer-select").get_attribute("disabled") is None) == (kind == "plain")
+    assert np.abs(drawn["plain"] - drawn["daam"]).sum() > 0 and np.array_equal(drawn["refined"], canvas_pixels(browser))
+    choose(browser, "kind-select", "daam")  # the page normalises every kind alike; second image, its own maps
+    choose(browser, "norm-select", "softmax")
+    choose(browser, "image-select", "1")
+    np.testing.assert_allclose(page_maps(browser), maps_of("daam", store, words, (16, 16), index=1,
+                                                           normalize="softmax"), atol=5e-5)
+    assert "DAAM" in browser.find_element("id", "explain").text
+    browser.save_screenshot(str(tmp_path / "run_daam.png"))
+    assert (tmp_path / "run_daam.png").stat().st_size > 1000
 
 
 def test_raw_colour_bar_ends_at_the_words_peak(browser, run_dir):

@@ -66,11 +66,11 @@ def _versions() -> dict:
 
 def map_store(pipe, kind: str, self_attention: bool = False) -> AttentionStore:
     """The store a run of map kind `kind` records into: everything with `--self-attention`; else the
-    cross-attention, plus the bounded self-attention record refined maps need (heads averaged) for
-    `--maps refined` or our own small model, whose run page then offers refined maps too."""
+    cross-attention, plus for `--maps refined` the bounded self-attention record refined maps need (heads
+    averaged). Other runs leave self-attention to the fused kernel, as before (their images are unchanged)."""
     if self_attention:
         return AttentionStore.for_pipeline(pipe, self_attention=True)
-    if kind == "refined" or isinstance(pipe, ScenePipeline):
+    if kind == "refined":
         return refined_store(pipe)
     return AttentionStore.for_pipeline(pipe)
 
