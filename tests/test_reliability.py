@@ -255,3 +255,77 @@ def test_generate_refuses_a_pipeline_with_nan_weights(tiny_pipeline_dir, tmp_pat
     assert rc == 2
     one_line(capsys.readouterr().err, "non-finite values (NaN or inf) in tensor 'text_encoder.")
     assert not (tmp_path / "out").exists()
+
+
+# --- 4. evaluate.py checks everything before sampling, and never replaces a report silently
+def _never_sample(monkeypatch):
+    import unet.cli.evaluate as evaluate
+
+    def never(*args, **kwargs):
+        raise AssertionError("sampled before checking the input")
+
+    monkeypatch.setattr(evaluate, "run_evaluation", never)
+    monkeypatch.setattr(evaluate, "run_control_evaluation", never)
+    return evaluate
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset-images", "-5"], "--dataset-images must be a positive integer, got -5"),
+    (["--dataset-images", "0"], "--dataset-images must be a positive integer, got 0"),
+    (["--seeds", "0"], "--seeds must be a positive integer, got 0"),
+    (["--steps", "0"], "--steps must be a positive integer, got 0"),
+    (["--dataset-timestep", "5000"], "--dataset-timestep must be a training timestep from 0 to 999, got 5000"),
+    (["--dataset-timestep", "-1"], "--dataset-timestep must be a training timestep from 0 to 999"),
+    (["--steps", "100000"], "--steps must be at most 1000"),
+    (["--guidance", "nan"], "--guidance must be a finite number, got nan"),
+    (["--control", "reweight", "--reweight-factor", "inf"], "--reweight-factor must be a finite number"),
+    (["--out", "/proc/x"], "--out /proc/x cannot be written"),
+    (["--out", ""], "--out is empty"),
+])
+def test_evaluate_bad_input_before_sampling(tiny_pipeline_dir, tmp_path, capsys, monkeypatch, args, message):
+    evaluate = _never_sample(monkeypatch)
+    out = ["--out", str(tmp_path / "eval")] if "--out" not in args else []
+    rc = evaluate.main(["--model", str(tiny_pipeline_dir), "--quiet", *out, *args])
+    assert rc == 2
+    one_line(capsys.readouterr().err, message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_out_a_file_or_an_existing_report(tiny_pipeline_dir, tmp_path, capsys, monkeypatch):
+    evaluate = _never_sample(monkeypatch)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep")
+    assert evaluate.main(["--model", str(tiny_pipeline_dir), "--out", str(a_file)]) == 2
+    one_line(capsys.readouterr().err, "is a file, not a folder")
+    report = tmp_path / "eval"
+    report.mkdir()
+    (report / "report.json").write_text("{}")
+    assert evaluate.main(["--model", str(tiny_pipeline_dir), "--out", str(report)]) == 2
+    one_line(capsys.readouterr().err, "already holds a report; pass --overwrite")
+    assert a_file.read_text() == "keep" and (report / "report.json").read_text() == "{}"
+
+
+def test_evaluate_publishes_the_report_whole(tiny_pipeline_dir, tmp_path, capsys, monkeypatch):
+    import unet.cli.evaluate as evaluate
+    monkeypatch.setattr(evaluate, "run_evaluation", lambda pipe, **kw: (
+        {"prompt_following": {"overall": 0.5}, "maps": {"shape_words": {"miou": 0.1, "pointing": 0.2}},
+         "settings": dict(kw)}, [], [], None))
+
+    def write_then_fail(report, records, batches, selection, folder, title):
+        (folder / "report.json").write_text("{}")
+        raise OSError(28, "No space left on device", str(folder / "tasks.png"))
+
+    monkeypatch.setattr(evaluate, "write", write_then_fail)
+    out = tmp_path / "eval"
+    assert evaluate.main(["--model", str(tiny_pipeline_dir), "--out", str(out), "--quiet"]) == 2
+    one_line(capsys.readouterr().err, "could not write the report: No space left on device")
+    assert list(tmp_path.iterdir()) == []  # no partial folder, no empty --out
+
+    def write_report(report, records, batches, selection, folder, title):
+        (folder / "report.json").write_text(str(report["settings"]["seeds"]))
+
+    monkeypatch.setattr(evaluate, "write", write_report)
+    assert evaluate.main(["--model", str(tiny_pipeline_dir), "--out", str(out), "--quiet", "--seeds", "1"]) == 0
+    assert evaluate.main(["--model", str(tiny_pipeline_dir), "--out", str(out), "--quiet", "--seeds", "3",
+                          "--overwrite"]) == 0
+    assert (out / "report.json").read_text() == "3" and [p.name for p in tmp_path.iterdir()] == ["eval"]

@@ -7,12 +7,22 @@
 
 import argparse
 import datetime
+import math
 import sys
 from pathlib import Path
 
 import torch
 
-from unet.cli import UsageError, usage_error
+from unet.cli import (
+    UsageError,
+    check_out_dir,
+    interrupted,
+    partial_folder,
+    publish,
+    sigterm_as_interrupt,
+    usage_error,
+)
+from unet.cli.folders import WRITE_ERRORS, write_failed
 from unet.eval.control import CONTROLS, fmt, run_control_evaluation
 from unet.eval.control import write as write_control
 from unet.eval.evaluate import run_evaluation
@@ -20,10 +30,11 @@ from unet.eval.report import write
 from unet.pipeline import SCHEDULERS, load_pipeline
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
-    p.add_argument("--out", default=None, help="report folder (default: outputs/eval/<date>)")
+    p.add_argument("--out", default=None, help="report folder (default: outputs/eval/<date>, or <date>-2 ... if taken)")
+    p.add_argument("--overwrite", action="store_true", help="replace the report already in --out")
     p.add_argument("--seeds", type=int, default=None, help="images per prompt (default 8, quick 2)")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's own)")
@@ -40,25 +51,82 @@ def main(argv=None) -> int:
     p.add_argument("--reweight-factor", type=float, default=2.0,
                    help="--control reweight: factor on the colour and shape words (default 2)")
     args = p.parse_args(argv)
-    seeds = args.seeds or (2 if args.quick else 8)
-    if seeds < 1 or args.steps < 1:
-        return usage_error("--seeds and --steps must be positive")
-    try:
-        pipe = load_pipeline(args.model, scheduler=args.scheduler)
-    except UsageError as e:
-        return usage_error(e)
-    torch.manual_seed(0)
-    if args.control is not None:
-        return control_main(pipe, args, seeds)
+    # 0 is a value, not "the default": only a missing flag takes the default
+    args.seeds = (2 if args.quick else 8) if args.seeds is None else args.seeds
+    args.dataset_images = (32 if args.quick else 128) if args.dataset_images is None else args.dataset_images
+    return args
+
+
+def default_out(args) -> Path:
+    date = datetime.date.today().isoformat()
+    return Path("outputs/eval") / (date if args.control is None else f"control-{args.control}-{date}")
+
+
+def check_args(args) -> None:
+    """Everything that needs no model, before it is loaded: raise UsageError naming the value and what is accepted."""
+    for flag, value in (("--seeds", args.seeds), ("--steps", args.steps), ("--dataset-images", args.dataset_images)):
+        if value < 1:
+            raise UsageError(f"{flag} must be a positive integer, got {value}")
+    for flag, value in (("--guidance", args.guidance), ("--reweight-factor", args.reweight_factor)):
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}")
+    check_out_dir(default_out(args) if args.out is None else args.out)
+    if args.out is not None:
+        out = Path(args.out)
+        if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+            raise UsageError(f"--out {out} already holds a report; pass --overwrite to replace it, or choose "
+                             "another --out")
+
+
+def check_model_args(pipe, args) -> None:
+    """What needs the model: steps and the dataset timestep within the scheduler's training timesteps."""
+    limit = pipe.scheduler.config.num_train_timesteps
+    if args.steps > limit:
+        raise UsageError(f"--steps must be at most {limit} (the scheduler's training timesteps), got {args.steps}")
+    if not 0 <= args.dataset_timestep < limit:
+        raise UsageError(f"--dataset-timestep must be a training timestep from 0 to {limit - 1}, "
+                         f"got {args.dataset_timestep}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    with sigterm_as_interrupt():
+        try:
+            check_args(args)
+            pipe = load_pipeline(args.model, scheduler=args.scheduler, show_progress=not args.quiet)
+            check_model_args(pipe, args)
+        except UsageError as e:
+            return usage_error(e)
+        except KeyboardInterrupt as e:
+            return interrupted(e, "nothing was written")
+        torch.manual_seed(0)
+        try:
+            return (evaluation_main if args.control is None else control_main)(pipe, args)
+        except WRITE_ERRORS as e:
+            return write_failed(e, "the report")
+        except KeyboardInterrupt as e:
+            return interrupted(e, "no report written (reports appear only when complete)")
+
+
+def publish_report(args, write_into) -> Path:
+    """Write the report into a partial folder with `write_into(folder)`, then rename it into place whole: --out
+    (replaced only with --overwrite, or when empty), or the default folder (a new -2, -3 ... if taken)."""
+    out = Path(args.out) if args.out is not None else default_out(args)
+    replace = args.out is not None and (args.overwrite or (out.is_dir() and not any(out.iterdir())))
+    with partial_folder(out.parent) as tmp:
+        write_into(tmp)
+        return publish(tmp, out, replace=replace)
+
+
+def evaluation_main(pipe, args) -> int:
     report, records, batches, selection = run_evaluation(
-        pipe, seeds=seeds, steps=args.steps, guidance=args.guidance,
-        dataset_images=args.dataset_images or (32 if args.quick else 128),
+        pipe, seeds=args.seeds, steps=args.steps, guidance=args.guidance, dataset_images=args.dataset_images,
         dataset_timestep=args.dataset_timestep, quick=args.quick, progress=not args.quiet)
     report["model"] = str(args.model or "shipped")
     report["settings"]["scheduler"] = args.scheduler
     report["date"] = datetime.date.today().isoformat()
-    out = Path(args.out) if args.out else Path("outputs/eval") / report["date"]
-    write(report, records, batches, selection, out, f"Evaluation of {report['model']} ({report['date']})")
+    title = f"Evaluation of {report['model']} ({report['date']})"
+    out = publish_report(args, lambda folder: write(report, records, batches, selection, folder, title))
     pf = report["prompt_following"]
     print(f"prompt following overall {pf['overall']:.3f}; shape-word mIoU {report['maps']['shape_words']['miou']:.3f}"
           f", pointing {report['maps']['shape_words']['pointing']:.3f}")
@@ -66,16 +134,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def control_main(pipe, args, seeds: int) -> int:
+def control_main(pipe, args) -> int:
     """`scripts/evaluate.py --control NAME`: run, write the report, print its headline; returns the exit code."""
-    if not (args.reweight_factor == args.reweight_factor and abs(args.reweight_factor) < float("inf")):
-        return usage_error(f"--reweight-factor must be a finite number, got {args.reweight_factor}")
     date = datetime.date.today().isoformat()
-    out = Path(args.out) if args.out else Path("outputs/eval") / f"control-{args.control}-{date}"
-    report, records = run_control_evaluation(pipe, args.control, seeds, args.steps, args.guidance, args.quick,
+    report, records = run_control_evaluation(pipe, args.control, args.seeds, args.steps, args.guidance, args.quick,
                                              args.reweight_factor, progress=not args.quiet)
     report["model"], report["date"] = str(args.model or "shipped"), date
-    path = write_control(report, records, out, f"Steering by {args.control}: {report['model']} ({date})")
+    title = f"Steering by {args.control}: {report['model']} ({date})"
+    out = publish_report(args, lambda folder: write_control(report, records, folder, title))
     if args.control == "edit":
         print(f"swaps succeeded: {fmt(report['with_replay']['ok'])} with replay, "
               f"{fmt(report['without']['ok'])} without ({report['images']} images)")
@@ -83,7 +149,7 @@ def control_main(pipe, args, seeds: int) -> int:
         print(f"prompt following {report['overall_plain']:.3f} plain, {report['overall_steered']:.3f} with "
               f"{args.control}; {report['seconds_per_image_plain']:.2f} vs {report['seconds_per_image_steered']:.2f} "
               "s per image")
-    print(f"report: {path}")
+    print(f"report: {out / 'report.md'}")
     return 0
 
 

@@ -11,7 +11,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from crossattn.errors import UsageError, shorten
+from safetensors import SafetensorError
+
+from crossattn.errors import UsageError, shorten, usage_error
 
 from .signals import raise_swallowed
 
@@ -37,6 +39,23 @@ def check_out_dir(out: str | Path, flag: str = "--out") -> None:
         raise UsageError(f"{flag} {out} cannot be created: {existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {out} is not writable: no permission to write in {existing}")
+    try:  # permissions are not everything (/proc, a read-only mount): try it, leaving nothing
+        os.rmdir(tempfile.mkdtemp(prefix=f"{PARTIAL}{os.getpid()}-probe-", dir=existing))
+    except OSError as e:
+        raise UsageError(f"{flag} {out} cannot be written: making a folder in {existing} failed "
+                         f"({e.strerror or e})") from e
+
+
+# what a full disk (ENOSPC), a file-size limit (`ulimit -f`: EFBIG) or a vanished folder raise while writing;
+# safetensors wraps them in its own error
+WRITE_ERRORS = (OSError, SafetensorError)
+
+
+def write_failed(e: Exception, what: str) -> int:
+    """Report a failed write in one line (exit code 2); the partial folder it was going into is gone already."""
+    reason = getattr(e, "strerror", None) or str(e)
+    return usage_error(f"could not write {what}: {reason} ({getattr(e, 'filename', None) or 'while writing'}); "
+                       "nothing half-written was left")
 
 
 def _process_alive(pid: int) -> bool:
