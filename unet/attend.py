@@ -23,8 +23,8 @@ from .pipeline import ScenePipeline, default_size
 ATTEND_TIMESTEP = 300
 
 
-def load_image(path, size: tuple[int, int]) -> tuple[np.ndarray, list[str]]:
-    """The file at `path` as (H, W, 3) uint8 at `size` = (H, W), and notes on what was done to it.
+def read_image(path) -> tuple[Image.Image, list[str]]:
+    """The file at `path` decoded whole as an RGB image, and notes on what was done to it.
 
     Grayscale and palette images are converted to RGB; an alpha channel is composited on black (the
     scenes' background). Anything that is not a complete, readable image raises UsageError.
@@ -33,27 +33,34 @@ def load_image(path, size: tuple[int, int]) -> tuple[np.ndarray, list[str]]:
     try:
         with Image.open(path) as image:
             image.load()  # decodes everything: a truncated file fails here, not later
-            mode, original = image.mode, image.size
+            mode = image.mode
             if "A" in image.getbands() or (mode == "P" and "transparency" in image.info):
                 rgba = image.convert("RGBA")
-                black = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
-                image = Image.alpha_composite(black, rgba).convert("RGB")
+                image = Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba).convert("RGB")
                 notes.append(f"{mode} image: alpha composited on black")
             elif mode != "RGB":
                 image = image.convert("RGB")
                 notes.append(f"{mode} image converted to RGB")
-            if (original[1], original[0]) != tuple(size):
-                image = image.resize((size[1], size[0]), Image.Resampling.BICUBIC)
-                notes.append(f"resized from {original[0]}x{original[1]} to the model's {size[1]}x{size[0]}")
-            return np.asarray(image, dtype=np.uint8).copy(), notes
+            else:
+                image = image.copy()
+            return image, notes
     except FileNotFoundError as e:
         raise UsageError(f"image {shorten(str(path))} does not exist") from e
     except IsADirectoryError as e:
         raise UsageError(f"image {shorten(str(path))} is a folder, not an image file") from e
     except UnidentifiedImageError as e:
-        raise UsageError(f"{shorten(str(path))} is not an image PIL can read (PNG, JPEG, ...)") from e
+        raise UsageError(f"{shorten(str(path))} is not an image file PIL can read (PNG, JPEG, ...)") from e
     except (OSError, SyntaxError, ValueError) as e:  # truncated or corrupt data, unreadable file
-        raise UsageError(f"image {shorten(str(path))} could not be read: {shorten(str(e), 120)}") from e
+        raise UsageError(f"image {shorten(str(path))} could not be read whole: {shorten(str(e), 120)}") from e
+
+
+def fit_image(image: Image.Image, size: tuple[int, int]) -> tuple[np.ndarray, list[str]]:
+    """`image` as (H, W, 3) uint8 at `size` = (H, W), resized (bicubic) only if it is another size."""
+    if (image.height, image.width) == tuple(size):
+        return np.asarray(image, dtype=np.uint8).copy(), []
+    note = f"resized from {image.width}x{image.height} to the model's {size[1]}x{size[0]}"
+    resized = image.resize((size[1], size[0]), Image.Resampling.BICUBIC)
+    return np.asarray(resized, dtype=np.uint8).copy(), [note]
 
 
 def model_size(pipe) -> tuple[int, int]:

@@ -1,0 +1,11 @@
+"""The attention maps of an image you already have, in the same run folder as generate.py writes.
+
+See `python scripts/attend.py --help`; the code is unet/cli/attend.py.
+"""
+
+import sys
+
+from unet.cli.attend import main
+
+if __name__ == "__main__":
+    sys.exit(main())
