@@ -11,6 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .capture import AttentionStore
+from .maps import DEFAULT_REFINEMENT, MAP_KINDS, Refinement, propagate, self_affinity, sharpen_affinity
 from .overlay import ALPHA, CMAP
 from .text import prompt_words
 
@@ -90,17 +91,29 @@ def positions_figure(text_encoder, path, n: int | None = None) -> torch.Tensor:
 
 
 # --- cross-attention per head and layer, one word
-def head_layer_maps(store: AttentionStore, tokens: list[int], size) -> tuple[list[str], torch.Tensor]:
+def head_layer_maps(store: AttentionStore, tokens: list[int], size, kind: str = "plain",
+                    refinement: Refinement = DEFAULT_REFINEMENT) -> tuple[list[str], torch.Tensor]:
     """Layers (names) and maps (layers, heads + 1, H, W) for the given token positions of image 0;
-    the last column is the heads' mean."""
+    the last column is the heads' mean. `kind` (crossattn.maps.MAP_KINDS) says how each cell is read:
+    plain (bilinear), refined (propagated through the recorded self-attention first, as `refined_token_maps`)
+    or daam (DAAM's per-head step: bicubic, clamped at 0)."""
+    if kind not in MAP_KINDS:
+        raise ValueError(f"kind must be one of {MAP_KINDS}, got {kind!r}")
     names = [n for n in store.layers if store.is_cross[n]]
+    if kind == "refined":
+        affinity, affinity_hw = self_affinity(store, refinement.self_resolution, refinement.self_timesteps)
+        affinity = sharpen_affinity(affinity, refinement.sharpen)[:1]  # image 0
     rows = []
     for name in names:
         h, w = store.layer_shapes[name]
         per_head = torch.stack([store.mean(name, heads=[k])[0] for k in range(store.heads(name))])  # (heads, N, T)
         per_head = torch.cat([per_head, per_head.mean(0, keepdim=True)])
-        grid = per_head[:, :, tokens].sum(-1).reshape(-1, 1, h, w)
-        rows.append(F.interpolate(grid, size=size, mode="bilinear", align_corners=False)[:, 0])
+        grid = per_head[:, :, tokens].sum(-1).reshape(-1, 1, h, w)  # (heads + 1, 1, h, w)
+        if kind == "refined":
+            grid = propagate(grid.transpose(0, 1), affinity, affinity_hw, refinement.iterations,
+                             refinement.renorm).transpose(0, 1)
+        mode = "bicubic" if kind == "daam" else "bilinear"
+        rows.append(F.interpolate(grid, size=size, mode=mode, align_corners=False)[:, 0].clamp(min=0))
     width = max(r.shape[0] for r in rows)
     rows = [torch.cat([r, r.new_full((width - r.shape[0], *size), float("nan"))]) for r in rows]
     return names, torch.stack(rows)
@@ -111,7 +124,8 @@ def _shape_label(store, name):
     return f"{name}\n({h}×{w})"
 
 
-def heads_figure(image: np.ndarray, names, maps: torch.Tensor, store, word: str, prompt: str, path) -> None:
+def heads_figure(image: np.ndarray, names, maps: torch.Tensor, store, word: str, prompt: str, path,
+                 kind: str = "plain") -> None:
     L, K = maps.shape[:2]
     fig = _figure(1.7 * K + 1.5, 1.7 * L + 0.8)
     axes = fig.subplots(L, K, squeeze=False)
@@ -129,7 +143,8 @@ def heads_figure(image: np.ndarray, names, maps: torch.Tensor, store, word: str,
                 ax.set_title("mean" if k == K - 1 else f"head {k}", fontsize=9)
             if k == 0:
                 ax.set_ylabel(_shape_label(store, names[i]), fontsize=6)
-    fig.suptitle(f"cross-attention to '{word}' per head (columns) and layer (rows): \"{prompt}\"", fontsize=10)
+    how = "" if kind == "plain" else f" ({kind} maps)"
+    fig.suptitle(f"cross-attention to '{word}'{how} per head (columns) and layer (rows): \"{prompt}\"", fontsize=10)
     fig.savefig(path)
 
 

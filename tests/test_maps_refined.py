@@ -211,3 +211,23 @@ def test_refined_maps_on_a_diffusers_unet():
     assert torch.equal(maps_of("refined", store, words, (64, 64), refinement=Refinement(0)), plain)
     refined = maps_of("refined", store, words, (64, 64), refinement=Refinement(2))
     assert refined.shape == plain.shape and torch.isfinite(refined).all() and not torch.allclose(refined, plain)
+
+
+def test_explain_heads_reads_each_cell_as_the_chosen_kind(tiny_pipeline_dir, recorded, tmp_path):
+    from crossattn.explain import head_layer_maps
+    from unet.cli.explain import main as explain_main
+    pipe, store = recorded
+    tokens = prompt_words(pipe.tokenizer, PROMPT)[2].tokens  # "circle"
+    names, plain = head_layer_maps(store, tokens, (16, 16))
+    _, unrefined = head_layer_maps(store, tokens, (16, 16), kind="refined", refinement=Refinement(0))
+    _, refined = head_layer_maps(store, tokens, (16, 16), kind="refined")
+    _, daam = head_layer_maps(store, tokens, (16, 16), kind="daam")
+    assert torch.equal(unrefined, plain) and plain.shape == refined.shape == daam.shape == (len(names), 3, 16, 16)
+    assert not torch.allclose(refined, plain, atol=1e-4) and not torch.allclose(daam, plain, atol=1e-4)
+    layer = names.index(next(n for n in names if store.layer_shapes[n] == (8, 8)))  # one head, propagated by hand
+    affinity, _ = self_affinity(store)
+    cell = store.mean(names[layer], heads=[0])[0][:, tokens].sum(-1)  # (64,)
+    torch.testing.assert_close(refined[layer, 0], torch.nn.functional.interpolate(
+        (affinity[0] @ cell).reshape(1, 1, 8, 8), size=(16, 16), mode="bilinear")[0, 0].clamp(min=0))
+    assert explain_main(["heads", "--maps", "refined", "--model", str(tiny_pipeline_dir), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "heads_layers.png").stat().st_size > 1000

@@ -18,6 +18,7 @@ import torch
 
 from crossattn import explain
 from crossattn.capture import AttentionStore
+from crossattn.maps import DEFAULT_MAP_KIND, MAP_KINDS, refined_store
 from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
 from unet.cli import (
@@ -72,7 +73,10 @@ def run(args, pipe, word: str, out: Path) -> list[Path]:
         top = [(tokens[i], round(v, 3)) for i, v in sorted(enumerate(row[-1].tolist()), key=lambda t: -t[1])[:3]]
         print(f"'{word}' looks back most to (last layer): {top}")
         return [out / "text_attention.png", out / "positions.png"]
-    store = AttentionStore.for_pipeline(pipe, self_attention=args.what == "pixel")
+    if args.what == "heads" and args.maps == "refined":
+        store = refined_store(pipe)  # the self-attention the refined cells are propagated through
+    else:
+        store = AttentionStore.for_pipeline(pipe, self_attention=args.what == "pixel")
     pipe.set_progress_bar_config(disable=True)  # the same call for ours and diffusers' SD/SDXL pipelines
     with store.attach(pipe.unet):  # under guidance the store keeps the prompt half by itself
         image = pipe(prompt, generator=torch.Generator().manual_seed(args.seed), output_type="np").images[0]
@@ -80,8 +84,8 @@ def run(args, pipe, word: str, out: Path) -> list[Path]:
     size = image.shape[:2]
     if args.what == "heads":
         tokens = next(w.tokens for w in prompt_words(pipe.tokenizer, prompt) if w.text == word)
-        names, maps = explain.head_layer_maps(store, tokens, size)
-        explain.heads_figure(image, names, maps, store, word, prompt, out / "heads_layers.png")
+        names, maps = explain.head_layer_maps(store, tokens, size, kind=args.maps)
+        explain.heads_figure(image, names, maps, store, word, prompt, out / "heads_layers.png", kind=args.maps)
         return [out / "heads_layers.png"]
     x = size[1] // 4 if args.x is None else args.x
     y = size[0] // 2 if args.y is None else args.y
@@ -100,6 +104,9 @@ def main(argv=None) -> int:
     p.add_argument("--word", default=None, help="the word to follow (default: the first shape word)")
     p.add_argument("--x", type=int, default=None, help="pixel column for 'pixel' (default: a quarter across)")
     p.add_argument("--y", type=int, default=None, help="pixel row for 'pixel' (default: half way down)")
+    p.add_argument("--maps", default=DEFAULT_MAP_KIND, choices=MAP_KINDS,
+                   help=f"heads: how each (layer, head) map is read (default {DEFAULT_MAP_KIND}): plain, refined "
+                        "through self-attention, or DAAM's per-head bicubic step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", default="outputs/explain")
