@@ -25,6 +25,7 @@ Map kinds (`maps_of`, and `--maps` of the commands):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -200,8 +201,19 @@ class Refinement:
         return " ".join(parts)
 
 
-# What `--maps refined` uses, chosen on the evaluation's selection split (README, "Maps that point").
-DEFAULT_REFINEMENT = Refinement(iterations=1)
+# What `--maps refined` uses: the refinement the full evaluation chose on its selection split for the shipped
+# model (2026-12-01; README, "Maps that point"). Reading only the low-noise steps' self-attention also bounds
+# the store: 3 of 10 timestep windows.
+DEFAULT_REFINEMENT = Refinement(iterations=4, self_timesteps=(0, 299), renorm="iseg")
+
+
+def fitted_refinement(refinement: Refinement, timesteps) -> Refinement:
+    """`refinement` for a run whose denoiser sees `timesteps`: when none falls within its self_timesteps
+    (a one-pass read-out at t = 500, a 3-step run), the self-attention of every step it has instead."""
+    span = refinement.self_timesteps
+    if span is None or any(span[0] <= float(t) <= span[1] for t in timesteps):
+        return refinement
+    return dataclasses.replace(refinement, self_timesteps=None)
 
 
 def self_affinity(store: AttentionStore, resolution: int | None = None,
@@ -266,12 +278,13 @@ def refined_token_maps(store: AttentionStore, size: tuple[int, int], refinement:
                                                                  refinement.renorm), **select)
 
 
-def refined_store(pipe=None, refinement: Refinement = DEFAULT_REFINEMENT, **kwargs) -> AttentionStore:
+def refined_store(pipe=None, refinement: Refinement | None = None, **kwargs) -> AttentionStore:
     """A store that records what refined maps need and no more: every cross-attention, and self-attention
-    with heads averaged, only at `refinement.self_resolution` and within `refinement.self_timesteps`."""
-    kwargs.update(self_attention=True, self_heads="mean",
-                  self_resolutions=None if refinement.self_resolution is None else [refinement.self_resolution],
-                  self_timesteps=refinement.self_timesteps)
+    with heads averaged, only at `refinement.self_resolution` and within `refinement.self_timesteps`
+    (`refinement=None`: at every resolution and step, for choosing among refinements)."""
+    resolution = None if refinement is None else refinement.self_resolution
+    kwargs.update(self_attention=True, self_heads="mean", self_resolutions=None if resolution is None else [resolution],
+                  self_timesteps=None if refinement is None else refinement.self_timesteps)
     return AttentionStore.for_pipeline(pipe, **kwargs) if pipe is not None else AttentionStore(**kwargs)
 
 

@@ -148,6 +148,14 @@ def test_propagate_and_sharpen_on_known_affinities():
     assert entropy(sharp) < entropy(soft) and sharpen_affinity(soft, 0) is soft
 
 
+def test_default_refinement_falls_back_to_every_step_when_it_sees_none_of_its_own():
+    from crossattn.maps import DEFAULT_REFINEMENT, fitted_refinement
+    assert DEFAULT_REFINEMENT.self_timesteps == (0, 299)
+    assert fitted_refinement(DEFAULT_REFINEMENT, [999, 249]) is DEFAULT_REFINEMENT
+    fitted = fitted_refinement(DEFAULT_REFINEMENT, [500])
+    assert fitted.self_timesteps is None and fitted.iterations == DEFAULT_REFINEMENT.iterations
+
+
 def test_refinement_checks_its_arguments():
     for bad, match in ((dict(iterations=-1), "iterations"), (dict(iterations=1.5), "iterations"),
                        (dict(sharpen=float("nan")), "sharpen"), (dict(renorm="max"), "renorm")):
@@ -220,7 +228,7 @@ def test_explain_heads_reads_each_cell_as_the_chosen_kind(tiny_pipeline_dir, rec
     tokens = prompt_words(pipe.tokenizer, PROMPT)[2].tokens  # "circle"
     names, plain = head_layer_maps(store, tokens, (16, 16))
     _, unrefined = head_layer_maps(store, tokens, (16, 16), kind="refined", refinement=Refinement(0))
-    _, refined = head_layer_maps(store, tokens, (16, 16), kind="refined")
+    _, refined = head_layer_maps(store, tokens, (16, 16), kind="refined", refinement=Refinement(1))
     _, daam = head_layer_maps(store, tokens, (16, 16), kind="daam")
     assert torch.equal(unrefined, plain) and plain.shape == refined.shape == daam.shape == (len(names), 3, 16, 16)
     assert not torch.allclose(refined, plain, atol=1e-4) and not torch.allclose(daam, plain, atol=1e-4)

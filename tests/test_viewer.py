@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from crossattn.capture import AttentionStore
-from crossattn.maps import DEFAULT_REFINEMENT, maps_of, refined_store, word_maps
+from crossattn.maps import DEFAULT_REFINEMENT, Refinement, maps_of, refined_store, word_maps
 from crossattn.text import prompt_words
 from crossattn.viewer import QUANT, RUN_DATA, gallery_main, word_shares, write_gallery
 from unet.cli.generate import generate_one
@@ -174,7 +174,14 @@ def browser():
 
 
 def open_page(browser, path: Path):
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
     browser.get(path.resolve().as_uri())
+    try:  # on a loaded machine the page's script may still be decoding its data when get() returns
+        WebDriverWait(browser, 30, poll_frequency=0.2).until(
+            lambda b: b.execute_script("return !!window.crossattnViewer"))
+    except TimeoutException:
+        pass
     errors = browser.execute_script("return window.crossattnViewer ? null : document.body.innerText")
     assert errors is None, f"the page did not start: {errors}"
 
@@ -289,14 +296,18 @@ def test_run_data_holds_every_kind_and_meta_names_the_saved_one(refined_run, tin
     data, meta = run_data(refined_run), json.loads((refined_run / "meta.json").read_text())
     assert meta["maps"] == data["kind"] == "refined" and data["kinds"] == ["plain", "refined", "daam"]
     assert meta["refinement"]["iterations"] == DEFAULT_REFINEMENT.iterations
+    # 3 steps (t = 999, 666, 333) miss the default's low-noise self-attention: the run read every step's
+    assert meta["refinement"]["self_timesteps"] is None
+    refinement = Refinement(**meta["refinement"])
     saved = load_file(str(refined_run / "maps.safetensors"))
     store = sample_store(tiny_pipeline, refined_store(tiny_pipeline))
     words = prompt_words(tiny_pipeline.tokenizer, PROMPT)
     for kind in ("refined", "daam"):
         got = np.frombuffer(base64.b64decode(data["kind_maps"][kind]["data"]), dtype="<f4")
         got = got.reshape(2, len(words), 16, 16)
-        np.testing.assert_allclose(got, maps_of(kind, store, words, (16, 16), index=None), atol=1e-5)
-    refined = maps_of("refined", store, words, (16, 16), index=None)
+        np.testing.assert_allclose(got, maps_of(kind, store, words, (16, 16), index=None, refinement=refinement),
+                                   atol=1e-5)
+    refined = maps_of("refined", store, words, (16, 16), index=None, refinement=refinement)
     for w in words:  # maps.safetensors holds the run's kind; per-layer maps stay plain
         np.testing.assert_allclose(saved[f"{w.index}_{w.text}"], refined[:, w.index], atol=1e-5)
     assert not np.allclose(saved["1_red"], word_maps(store, words, (16, 16), index=None)[:, 1], atol=1e-4)
@@ -322,9 +333,11 @@ def test_page_switches_between_map_kinds(browser, refined_run, tiny_pipeline, tm
                                atol=5e-5)  # the run's own kind, as saved
     assert browser.find_element("id", "layer-select").get_attribute("disabled") is not None
     drawn = {"refined": canvas_pixels(browser)}
+    refinement = Refinement(**json.loads((refined_run / "meta.json").read_text())["refinement"])
     for kind in ("plain", "daam", "refined"):
         choose(browser, "kind-select", kind)
-        np.testing.assert_allclose(page_maps(browser), maps_of(kind, store, words, (16, 16), index=0), atol=5e-5)
+        np.testing.assert_allclose(page_maps(browser), maps_of(kind, store, words, (16, 16), index=0,
+                                                               refinement=refinement), atol=5e-5)
         drawn[kind] = canvas_pixels(browser)
         assert (browser.find_element("id", "layer-select").get_attribute("disabled") is None) == (kind == "plain")
     assert np.abs(drawn["plain"] - drawn["daam"]).sum() > 0 and np.array_equal(drawn["refined"], canvas_pixels(browser))

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from crossattn.maps import DEFAULT_MAP_KIND, DEFAULT_REFINEMENT, MAP_KINDS, NORMALIZATIONS
+from crossattn.maps import DEFAULT_MAP_KIND, DEFAULT_REFINEMENT, MAP_KINDS, NORMALIZATIONS, fitted_refinement
 from crossattn.text import prompt_words
 
 from ..attend import (
@@ -51,18 +51,19 @@ def attend_one(pipe, image, prompt: str, out_dir: Path, model_name: str, timeste
     and write the run folder under `out_dir`; returns the folder."""
     timings = {}
     words = prompt_words(pipe.tokenizer, prompt)
-    store = map_store(pipe, maps)
+    refinement = fitted_refinement(DEFAULT_REFINEMENT, [timestep])
+    store = map_store(pipe, maps, refinement=refinement)
     t0 = time.perf_counter()
     record_noised(pipe, image_latents(pipe, image[None]), [prompt], timestep, [seed], store)
     timings["denoising_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    word_tensor, tensors, kinds = run_maps(pipe, store, words, image.shape[:2], maps, normalize)
+    word_tensor, tensors, kinds = run_maps(pipe, store, words, image.shape[:2], maps, normalize, refinement)
     timings["maps_s"] = time.perf_counter() - t0
     with partial_folder(out_dir) as tmp:  # renamed into place only when complete; removed on any error
         meta = {"prompt": prompt, "seed": seed, "steps": 1, "guidance": 1.0, "timestep": timestep,
                 "scheduler": f"one denoiser pass at t={timestep} ({type(pipe.scheduler).__name__}'s training noise)",
                 "normalize": normalize, "maps": maps,
-                **({"refinement": asdict(DEFAULT_REFINEMENT)} if maps == "refined" else {}),
+                **({"refinement": asdict(refinement)} if maps == "refined" else {}),
                 "model": model_name, "source": source, "source_notes": notes or [], "timings": timings}
         write_run_files(tmp, image[None], word_tensor, tensors, words, None, meta, store, kinds)
         return publish(tmp, out_dir / f"{_slug(prompt)}-t{timestep}-s{seed}", replace=overwrite)

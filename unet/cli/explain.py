@@ -18,7 +18,7 @@ import torch
 
 from crossattn import explain
 from crossattn.capture import AttentionStore
-from crossattn.maps import DEFAULT_MAP_KIND, MAP_KINDS, refined_store
+from crossattn.maps import DEFAULT_MAP_KIND, DEFAULT_REFINEMENT, MAP_KINDS, refined_store
 from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
 from unet.cli import (
@@ -74,7 +74,7 @@ def run(args, pipe, word: str, out: Path) -> list[Path]:
         print(f"'{word}' looks back most to (last layer): {top}")
         return [out / "text_attention.png", out / "positions.png"]
     if args.what == "heads" and args.maps == "refined":
-        store = refined_store(pipe)  # the self-attention the refined cells are propagated through
+        store = refined_store(pipe, DEFAULT_REFINEMENT)  # the self-attention the refined cells go through
     else:
         store = AttentionStore.for_pipeline(pipe, self_attention=args.what == "pixel")
     pipe.set_progress_bar_config(disable=True)  # the same call for ours and diffusers' SD/SDXL pipelines

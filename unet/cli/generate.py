@@ -29,7 +29,9 @@ from crossattn.maps import (
     DEFAULT_REFINEMENT,
     MAP_KINDS,
     NORMALIZATIONS,
+    Refinement,
     daam_grid,
+    fitted_refinement,
     maps_of,
     refined_store,
     word_maps,
@@ -52,6 +54,8 @@ from . import (
     sigterm_as_interrupt,
     usage_error,
 )
+from .folders import WRITE_ERRORS, write_failed
+from .memory import MEMORY_ERRORS, out_of_memory
 
 
 def _slug(prompt: str) -> str:
@@ -64,23 +68,26 @@ def _versions() -> dict:
             "transformers": version("transformers"), "crossattn": version("crossattn"), "machine": platform.machine()}
 
 
-def map_store(pipe, kind: str, self_attention: bool = False) -> AttentionStore:
+def map_store(pipe, kind: str, self_attention: bool = False,
+              refinement: Refinement = DEFAULT_REFINEMENT) -> AttentionStore:
     """The store a run of map kind `kind` records into: everything with `--self-attention`; else the
     cross-attention, plus for `--maps refined` the bounded self-attention record refined maps need (heads
     averaged). Other runs leave self-attention to the fused kernel, as before (their images are unchanged)."""
     if self_attention:
         return AttentionStore.for_pipeline(pipe, self_attention=True)
     if kind == "refined":
-        return refined_store(pipe)
+        return refined_store(pipe, refinement)
     return AttentionStore.for_pipeline(pipe)
 
 
-def run_maps(pipe, store: AttentionStore, words, size, kind: str, normalize: str):
+def run_maps(pipe, store: AttentionStore, words, size, kind: str, normalize: str,
+             refinement: Refinement = DEFAULT_REFINEMENT):
     """The run's maps: (N, words, H, W) of `kind`, the tensors of maps.safetensors (`kind`'s maps per word,
     and the plain maps of each cross-attention layer) and, for the run page, every kind the store can give
     (raw: the page normalises)."""
     grid = daam_grid(pipe, *size)
-    maps = maps_of(kind, store, words, size, index=None, normalize=normalize, grid=grid)  # (N, words, H, W)
+    maps = maps_of(kind, store, words, size, index=None, normalize=normalize, refinement=refinement,
+                   grid=grid)  # (N, words, H, W)
     tensors = {f"{w.index}_{w.text}": maps[:, w.index].contiguous() for w in words}
     for layer in sorted(store.layers):
         if not store.is_cross[layer]:
@@ -91,7 +98,7 @@ def run_maps(pipe, store: AttentionStore, words, size, kind: str, normalize: str
     kinds = {}
     for other in MAP_KINDS:
         try:
-            kinds[other] = maps_of(other, store, words, size, index=None, grid=grid)
+            kinds[other] = maps_of(other, store, words, size, index=None, refinement=refinement, grid=grid)
         except ValueError:  # refined without self-attention recorded; DAAM without up/down layers
             continue
     return maps, tensors, kinds
@@ -148,7 +155,9 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
     timings = {}
     words = prompt_words(pipe.tokenizer, prompt)
     generator = torch.Generator(device="cpu").manual_seed(settings.seed)
-    store = map_store(pipe, maps, settings.self_attention)
+    pipe.scheduler.set_timesteps(settings.steps)  # the steps this run will see (the pipeline sets them again)
+    refinement = fitted_refinement(DEFAULT_REFINEMENT, pipe.scheduler.timesteps)
+    store = map_store(pipe, maps, settings.self_attention, refinement)
     t0 = time.perf_counter()
     with store.attach(pipe.unet):  # the store tells the guided halves apart by itself
         kwargs = dict(num_inference_steps=settings.steps, guidance_scale=settings.guidance, generator=generator,
@@ -164,13 +173,13 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
     t0 = time.perf_counter()
     images = to_uint8(images)  # (N, H, W, 3)
     size = images.shape[1:3]
-    word_tensor, tensors, kinds = run_maps(pipe, store, words, size, maps, settings.normalize)
+    word_tensor, tensors, kinds = run_maps(pipe, store, words, size, maps, settings.normalize, refinement)
     timings["maps_s"] = time.perf_counter() - t0
 
     with partial_folder(out_dir) as tmp:  # renamed into place only when complete; removed on any error
         meta = {"prompt": prompt, "seed": settings.seed, "steps": settings.steps, "guidance": settings.guidance,
                 "scheduler": type(pipe.scheduler).__name__, "normalize": settings.normalize, "maps": maps,
-                **({"refinement": asdict(DEFAULT_REFINEMENT)} if maps == "refined" else {}),
+                **({"refinement": asdict(refinement)} if maps == "refined" else {}),
                 "model": model_name, "timings": timings}
         write_run_files(tmp, images, word_tensor, tensors, words, words_filter, meta, store, kinds)
         # the folder is claimed only now, atomically: a run started beside this one gets "-2"
@@ -244,6 +253,10 @@ def main(argv=None) -> int:
                     print(folder / "compare.png")
         except KeyboardInterrupt as e:
             return interrupted(e, "no half-written folder left; the folders printed above are complete")
+        except WRITE_ERRORS as e:  # a full disk or a file-size limit: the partial folder is gone already
+            return write_failed(e, "the results")
+        except MEMORY_ERRORS as e:
+            return out_of_memory(e, settings)
     return 0
 
 
