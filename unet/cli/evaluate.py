@@ -26,7 +26,7 @@ from unet.cli.folders import WRITE_ERRORS, write_failed
 from unet.eval.control import CONTROLS, fmt, run_control_evaluation
 from unet.eval.control import write as write_control
 from unet.eval.evaluate import run_evaluation
-from unet.eval.report import write
+from unet.eval.report import check_readme, refresh_readme, write
 from unet.pipeline import SCHEDULERS, load_pipeline
 
 
@@ -45,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--dataset-timestep", type=int, default=300)
     p.add_argument("--quick", action="store_true", help="3 prompts per task, fewer seeds")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--readme", default=None, help="also rewrite the maps tables of this README (its "
+                                                  "'<!-- maps: begin -->' block) from the new report")
     p.add_argument("--control", choices=CONTROLS, default=None,
                    help="measure one steering control instead: with and without it on the same prompts and seeds "
                         "(unet/eval/control.py)")
@@ -71,6 +73,11 @@ def check_args(args) -> None:
         if value is not None and not math.isfinite(value):
             raise UsageError(f"{flag} must be a finite number, got {value}")
     check_out_dir(default_out(args) if args.out is None else args.out)
+    if args.readme is not None:
+        try:
+            check_readme(Path(args.readme))
+        except ValueError as e:
+            raise UsageError(f"--readme: {e}") from e
     if args.out is not None:
         out = Path(args.out)
         if out.is_dir() and any(out.iterdir()) and not args.overwrite:
@@ -127,6 +134,9 @@ def evaluation_main(pipe, args) -> int:
     report["date"] = datetime.date.today().isoformat()
     title = f"Evaluation of {report['model']} ({report['date']})"
     out = publish_report(args, lambda folder: write(report, records, batches, selection, folder, title))
+    if args.readme is not None:
+        refresh_readme(Path(args.readme), report, str(out / "report.json"))
+        print(f"maps tables rewritten in {args.readme}")
     pf = report["prompt_following"]
     print(f"prompt following overall {pf['overall']:.3f}; shape-word mIoU {report['maps']['shape_words']['miou']:.3f}"
           f", pointing {report['maps']['shape_words']['pointing']:.3f}")

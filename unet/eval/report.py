@@ -115,6 +115,30 @@ def markdown(report: dict, title: str) -> str:
     return "\n".join(lines)
 
 
+MAPS_BEGIN, MAPS_END = "<!-- maps: begin -->", "<!-- maps: end -->"
+
+
+def check_readme(readme: Path) -> str:
+    """`readme`'s text; ValueError unless it is a readable file with one `MAPS_BEGIN` ... `MAPS_END` block."""
+    try:
+        text = Path(readme).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"readme {readme} is not a readable text file: {e}") from e
+    if text.count(MAPS_BEGIN) != 1 or text.count(MAPS_END) != 1 or text.index(MAPS_BEGIN) > text.index(MAPS_END):
+        raise ValueError(f"readme {readme} must hold one '{MAPS_BEGIN}' ... '{MAPS_END}' block for the maps tables")
+    return text
+
+
+def refresh_readme(readme: Path, report: dict, source: str) -> None:
+    """Replace the block between `MAPS_BEGIN` and `MAPS_END` in `readme` with `maps_markdown(report)`, so the
+    README's maps tables are the report's. `source` names the report (shown under the tables)."""
+    text = check_readme(readme)
+    head, rest = text.split(MAPS_BEGIN)
+    _, tail = rest.split(MAPS_END)
+    block = f"{MAPS_BEGIN}\n{maps_markdown(report)}\n(from `{source}`)\n{MAPS_END}"
+    Path(readme).write_text(head + block + tail)
+
+
 def bar_chart(report: dict, path: Path) -> None:
     pf = report["prompt_following"]
     fig = Figure(figsize=(9, 3.4), dpi=100, layout="constrained")
