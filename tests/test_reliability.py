@@ -329,3 +329,50 @@ def test_evaluate_publishes_the_report_whole(tiny_pipeline_dir, tmp_path, capsys
     assert evaluate.main(["--model", str(tiny_pipeline_dir), "--out", str(out), "--quiet", "--seeds", "3",
                           "--overwrite"]) == 0
     assert (out / "report.json").read_text() == "3" and [p.name for p in tmp_path.iterdir()] == ["eval"]
+
+
+# --- 5./6. interrupts, write failures and memory limits
+def _limited(resource_name: str, limit: int):
+    import resource
+
+    def apply():
+        resource.setrlimit(getattr(resource, resource_name), (limit, limit))
+    return apply
+
+
+def test_file_size_limit_while_writing_gives_one_line_and_no_folder(tiny_pipeline_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "earlier").mkdir()  # what was there before stays
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), "a red circle", "--model",
+                           str(tiny_pipeline_dir), "--out", str(out), "--steps", "2", "--quiet"],
+                          capture_output=True, text=True, timeout=300, preexec_fn=_limited("RLIMIT_FSIZE", 3000))
+    assert proc.returncode == 2, proc.stderr
+    one_line(proc.stderr, "could not write the results: File too large")
+    assert [p.name for p in out.iterdir()] == ["earlier"]
+
+
+def test_address_space_limit_is_part_of_the_memory_estimate(tiny_pipeline_dir, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), "a red circle", "--model",
+                           str(tiny_pipeline_dir), "--out", str(out), "--height", "2048", "--width", "2048",
+                           "--quiet"], capture_output=True, text=True, timeout=300,
+                          preexec_fn=_limited("RLIMIT_AS", 5 * 2 ** 30))  # RAM alone would let it start
+    assert proc.returncode == 2, proc.stderr
+    line = one_line(proc.stderr, "GiB (2048x2048, 1 images) but cpu has ")
+    assert float(line.split("cpu has ")[1].split()[0]) < 5.0 and not out.exists()
+
+
+def test_allocator_failure_while_sampling_gives_one_line(tiny_pipeline_dir, tmp_path, capsys, monkeypatch):
+    from unet.cli import generate
+    from unet.pipeline import ScenePipeline
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(ScenePipeline, "__call__", no_memory)
+    out = tmp_path / "out"
+    assert generate.main(["a red circle", "--model", str(tiny_pipeline_dir), "--out", str(out), "--quiet"]) == 2
+    one_line(capsys.readouterr().err, "ran out of memory while sampling at the model's size, 1 image(s) (8.0 GiB")
+    assert not out.exists()

@@ -31,6 +31,8 @@ from crossattn.maps import word_maps
 from crossattn.overlay import overlay_grid, to_uint8
 from crossattn.text import prompt_words
 
+from .cli.folders import PARTIAL
+from .cli.signals import raise_swallowed
 from .data import SHAPES
 from .pipeline import ScenePipeline
 
@@ -201,7 +203,8 @@ def control_one(pipe, plan: ControlPlan, prompt: str, settings, folder: Path, sh
     plain = torch.stack([plain_maps[f"{i}_{w}"][0] for i, w in enumerate(plain_words)])  # (words, H, W), image 0
     vmax = float(max(plain.max(), maps[0].max()))  # one colour scale for both rows of the comparison
 
-    tmp = Path(tempfile.mkdtemp(prefix=".partial-steered-", dir=folder))
+    # named like every partial folder (with this process's id), so a later run removes it if this one is killed
+    tmp = Path(tempfile.mkdtemp(prefix=f"{PARTIAL}{os.getpid()}-steered-", dir=folder))
     try:
         (tmp / "steered").mkdir()
         names = []
@@ -226,6 +229,7 @@ def control_one(pipe, plan: ControlPlan, prompt: str, settings, folder: Path, sh
             control["excite_log"] = controller.excite_log
         plain_meta["control"] = control
         (tmp / "meta.json").write_text(json.dumps(plain_meta, indent=1))
+        raise_swallowed()  # an interrupt lost inside matplotlib while writing: nothing of this run is moved in
         if (folder / "steered").exists():  # --overwrite of a folder that had a steered run
             shutil.rmtree(folder / "steered")
         (tmp / "steered").rename(folder / "steered")

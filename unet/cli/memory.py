@@ -5,31 +5,67 @@ from __future__ import annotations
 import math
 import os
 import re
+import resource
 from pathlib import Path
 
 import torch
 
 from crossattn.capture import AttentionStore
+from crossattn.errors import usage_error
 
 from ..pipeline import ScenePipeline, Settings, default_guidance, default_size, size_multiple
 
 
+def _meminfo(path: str, key: str) -> int | None:
+    """A `key: N kB` line of /proc/meminfo or /proc/self/status, in bytes; None where there is none."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _address_space_left() -> int | None:
+    """Bytes this process may still map under its address-space limit (`ulimit -v`); None when unlimited."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    return max(0, limit - (_meminfo("/proc/self/status", "VmSize") or 0))
+
+
 def available_memory(device: torch.device) -> int | None:
-    """Bytes free for a run on `device`: free GPU memory, or the machine's available RAM; None if unknown."""
+    """Bytes free for a run on `device`: free GPU memory, or the machine's available RAM (less, under an
+    address-space limit, what that limit leaves this process); None if unknown."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     if device.type != "cpu":
         return None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    free = _meminfo("/proc/meminfo", "MemAvailable")
+    if free is None:
+        try:
+            free = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            free = None
+    left = _address_space_left()
+    return left if free is None else free if left is None else min(free, left)
+
+
+# what running out of memory raises: torch's CPU allocator raises a plain RuntimeError ("can't allocate memory")
+MEMORY_ERRORS = (MemoryError, torch.OutOfMemoryError, RuntimeError)
+
+
+def out_of_memory(e: BaseException, settings: Settings) -> int:
+    """Report an allocation that failed despite the estimate in one line (exit code 2); re-raise other errors."""
+    message = str(e)
+    if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "allocate" not in message:
+        raise e
+    size = f"{settings.height}x{settings.width}" if settings.height and settings.width else "at the model's size"
+    wanted = re.search(r"allocate (\d+) bytes", message)
+    detail = f" ({int(wanted.group(1)) / 2**30:.1f} GiB at once)" if wanted else ""
+    return usage_error(f"ran out of memory while sampling {size}, {settings.num_images} image(s){detail}; "
+                       "nothing was written: use a smaller size or fewer images")
 
 
 def _level(name: str, levels: int) -> int:
