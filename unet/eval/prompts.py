@@ -94,3 +94,30 @@ def prompt_following(records) -> dict:
     result["background_grain"] = {"mean": float(np.mean(grain)), "p90": float(np.percentile(grain, 90)),
                                   "unit": "mean |pixel| of background pixels, 0-255"}
     return result
+
+
+def parse_prompt(prompt: str) -> EvalPrompt:
+    """The evaluation's reading of a scene prompt: its objects in order and its relation, so any prompt of the
+    evaluation's kinds ("a red circle left of a blue square", "a triangle and a square") can be judged.
+
+    Raises ValueError when the prompt names no shape, more than two, or a relation without two objects."""
+    words = prompt.lower().split()
+    objects, colour = [], None
+    for w in words:
+        if w in COLORS:
+            colour = w
+        elif w in SHAPES:
+            objects.append((colour, w))
+            colour = None
+    text = f" {' '.join(words)} "
+    relation = next((r for r in RELATIONS if f" {r} " in text), None)
+    if not 1 <= len(objects) <= 2:
+        raise ValueError(f"a judged prompt names one or two of the shapes {list(SHAPES)}, got {len(objects)} in "
+                         f"{prompt!r}")
+    if relation is not None and len(objects) != 2:
+        raise ValueError(f"the relation {relation!r} needs two objects, {prompt!r} names {len(objects)}")
+    if len(objects) == 1:
+        task = "colors" if objects[0][0] else "single_object"
+    else:
+        task = "position" if relation else ("color_attr" if any(c for c, _ in objects) else "two_object")
+    return EvalPrompt(task, prompt, objects, relation)
