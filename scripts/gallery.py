@@ -2,7 +2,7 @@
 
 import sys
 
-from crossattn.viewer import gallery_main
+from _front import run  # interrupts during the imports: one line, exit 130/143
 
 if __name__ == "__main__":
-    sys.exit(gallery_main())
+    sys.exit(run("crossattn.viewer", "gallery_main"))

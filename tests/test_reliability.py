@@ -376,3 +376,74 @@ def test_allocator_failure_while_sampling_gives_one_line(tiny_pipeline_dir, tmp_
     assert generate.main(["a red circle", "--model", str(tiny_pipeline_dir), "--out", str(out), "--quiet"]) == 2
     one_line(capsys.readouterr().err, "ran out of memory while sampling at the model's size, 1 image(s) (8.0 GiB")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_during_the_imports_gives_one_line(tmp_path, signum):
+    import time
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "generate.py"), "a red circle", "--out",
+                             str(tmp_path / "out")], stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # torch is still being imported
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err
+    one_line(err, f"interrupted ({signal.Signals(signum).name}): ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_swallowed_interrupt_still_stops_the_run(tiny_pipeline_dir, tmp_path, capsys, monkeypatch):
+    """Python may raise the signal's exception inside a weakref callback (matplotlib), which drops it."""
+    import time
+
+    from unet.cli import generate
+
+    def overlay_and_lose_the_signal(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass  # "Exception ignored in: <function WeakKeyDictionary...>"
+
+    monkeypatch.setattr(generate, "overlay_grid", overlay_and_lose_the_signal)
+    out = tmp_path / "out"
+    rc = generate.main(["a red circle", "--model", str(tiny_pipeline_dir), "--out", str(out), "--steps", "2",
+                        "--quiet"])
+    assert rc == 128 + signal.SIGTERM
+    one_line(capsys.readouterr().err, "interrupted (SIGTERM)")
+    assert not out.exists()
+
+
+def test_signal_during_the_final_save_leaves_no_half_pipeline(tmp_path, capsys, monkeypatch):
+    from unet.cli import train as train_script
+    from unet.pipeline import ScenePipeline
+    real_save = ScenePipeline.save_pretrained
+
+    def save_half_then_sigterm(self, folder, **kwargs):
+        (Path(folder) / "unet").mkdir(parents=True)
+        (Path(folder) / "unet" / "config.json").write_text("{}")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(ScenePipeline, "save_pretrained", save_half_then_sigterm)
+    run = tmp_path / "run"
+    assert train_script.main(["--out", str(run), *TINY_TRAIN, "--steps", "2"]) == 128 + signal.SIGTERM
+    one_line(capsys.readouterr().err, "trained to step 2 (checkpoint ")
+    assert not (run / "pipeline").exists() and not list(run.glob(f"{PARTIAL}*"))
+    monkeypatch.setattr(ScenePipeline, "save_pretrained", real_save)
+    assert train_script.main(["--out", str(run), *TINY_TRAIN, "--steps", "2", "--resume"]) == 0  # writes it
+    assert (run / "pipeline" / "model_index.json").is_file()
+
+
+def test_stale_steered_partial_folders_are_removed(tiny_pipeline_dir, tmp_path):
+    from unet.cli import generate
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run = tmp_path / "earlier-run"
+    stale, live = run / f"{PARTIAL}{dead.pid}-steered-abc", run / f"{PARTIAL}{os.getpid()}-steered-xyz"
+    for folder in (stale, live):
+        folder.mkdir(parents=True)
+        (folder / "compare.png").write_bytes(b"half")
+    assert generate.main(["a red circle", "--model", str(tiny_pipeline_dir), "--out", str(tmp_path), "--steps", "2",
+                          "--quiet", "--reweight", "red=2"]) == 0
+    assert not stale.exists() and live.exists()
+    (result,) = [p for p in tmp_path.iterdir() if p != run]
+    assert (result / "compare.png").is_file() and not list(result.glob(f"{PARTIAL}*"))

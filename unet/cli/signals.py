@@ -24,6 +24,11 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
+def _handled() -> list[int]:
+    """SIGTERM, and SIGINT unless it is ignored (a shell starts background jobs so: Ctrl-C is not for them)."""
+    return [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """Inside the block SIGINT and SIGTERM raise `Interrupted` (a KeyboardInterrupt) and are noted, so that
@@ -31,7 +36,7 @@ def sigterm_as_interrupt():
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
         yield
         return
-    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, _raise_interrupted) for s in _handled()}
     try:
         yield
     finally:
@@ -76,7 +81,7 @@ class DeferredSignals:
 
     def __enter__(self) -> DeferredSignals:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in _handled():
                 self._previous[signum] = signal.signal(signum, self._note)
         return self
 
