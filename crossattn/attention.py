@@ -70,7 +70,11 @@ def attention(
     that weigh the Values instead (steering, `crossattn.control`); it forces the explicit path.
     """
     mask = _check_mask(mask, x.shape[0], context.shape[1])
-    q, k, v = split_heads(to_q(x), heads), split_heads(to_k(context), heads), split_heads(to_v(context), heads)
+    q, k, v = to_q(x), to_k(context), to_v(context)  # (B, N, inner), (B, T, inner), (B, T, inner)
+    if not isinstance(heads, int) or heads < 1 or q.shape[-1] % heads or k.shape[-1] % heads:
+        raise ValueError(f"heads={heads} does not divide the projection width {q.shape[-1]}: give a positive "
+                         f"divisor of it")
+    q, k, v = split_heads(q, heads), split_heads(k, heads), split_heads(v, heads)
     # (B, heads, N, head_dim), (B, heads, T, head_dim), (B, heads, T, head_dim)
     key_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T), broadcast over heads, queries
     if not return_weights and edit is None:
@@ -103,6 +107,11 @@ class CrossAttention(nn.Module):
     def __init__(self, query_dim: int, context_dim: int | None = None, heads: int = 4, head_dim: int = 32,
                  dropout: float = 0.0):
         super().__init__()
+        for name, value in (("query_dim", query_dim), ("heads", heads), ("head_dim", head_dim)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if context_dim is not None and (not isinstance(context_dim, int) or context_dim < 1):
+            raise ValueError(f"context_dim must be a positive integer or None (self-attention), got {context_dim!r}")
         inner = heads * head_dim
         self.query_dim, self.heads, self.head_dim = query_dim, heads, head_dim
         self.is_cross_attention = context_dim is not None
@@ -125,6 +134,8 @@ class CrossAttention(nn.Module):
             raise ValueError(f"x must be (B, C, H, W) or (B, N, C), got shape {tuple(x.shape)}")
         if x.shape[-1] != self.query_dim:
             raise ValueError(f"x has {x.shape[-1]} channels; this block expects query_dim={self.query_dim}")
+        if x.shape[0] == 0:
+            raise ValueError(f"x holds a batch of 0 images (shape {tuple(x.shape)}); give at least one")
         if context is None:
             if self.is_cross_attention:
                 raise ValueError(f"cross-attention needs context of shape (B, T, {self.context_dim})")
@@ -134,6 +145,9 @@ class CrossAttention(nn.Module):
                 f"context must be (B, T, context_dim) = ({x.shape[0]}, T, {self.context_dim}), "
                 f"got {tuple(context.shape)}"
             )
+        elif context.shape[1] == 0:
+            raise ValueError(f"context has 0 keys (shape {tuple(context.shape)}): attention needs at least one "
+                             "token to attend to")
 
         want_weights = need_weights or self.observer is not None
         edit = None if self.controller is None else (lambda w: self.controller(self, w))

@@ -278,7 +278,7 @@ def _never_sample(monkeypatch):
     (["--dataset-timestep", "-1"], "--dataset-timestep must be a training timestep from 0 to 999"),
     (["--steps", "100000"], "--steps must be at most 1000"),
     (["--guidance", "nan"], "--guidance must be a finite number, got nan"),
-    (["--control", "reweight", "--reweight-factor", "inf"], "--reweight-factor must be a finite number"),
+    (["--control", "reweight", "--reweight-factor", "1e30"], "must be a finite number from -1000 to 1000, got 1e+30"),
     (["--out", "/proc/x"], "--out /proc/x cannot be written"),
     (["--out", ""], "--out is empty"),
 ])

@@ -25,7 +25,16 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from crossattn.capture import AttentionStore
-from crossattn.control import Controller, Edit, Excite, Reweight, align_prompts, parse_weights, word_positions
+from crossattn.control import (
+    MAX_FACTOR,
+    Controller,
+    Edit,
+    Excite,
+    Reweight,
+    align_prompts,
+    parse_weights,
+    word_positions,
+)
 from crossattn.errors import UsageError
 from crossattn.maps import word_maps
 from crossattn.overlay import overlay_grid, to_uint8
@@ -58,19 +67,21 @@ class ControlPlan:
 def add_control_args(parser) -> None:
     g = parser.add_argument_group("steering", "a second, steered run with the same seed, written beside the plain "
                                               "one (steered/, compare.png, meta.json 'control')")
-    g.add_argument("--reweight", nargs="+", metavar="WORD=FACTOR", default=None,
-                   help="scale these words' attention, e.g. red=2 (prompt-to-prompt's re-weighting)")
-    g.add_argument("--reweight-steps", nargs=2, type=float, metavar=("START", "END"), default=(0.0, 1.0),
-                   help="share of the run to re-weight in (default 0 1: all of it)")
-    g.add_argument("--excite", nargs="*", metavar="WORD", default=None,
-                   help="attend-and-excite these subject words (bare flag: the prompt's object words)")
+    g.add_argument("--reweight", nargs="+", action="extend", metavar="WORD=FACTOR", default=None,
+                   help=f"scale these words' attention, e.g. red=2 (prompt-to-prompt's re-weighting; factors within "
+                        f"+-{MAX_FACTOR:g}); repeated flags add up")
+    g.add_argument("--reweight-steps", nargs=2, type=float, metavar=("START", "END"), default=None,
+                   help="share of the run to re-weight in, START < END (default 0 1: all of it)")
+    g.add_argument("--excite", nargs="*", action="extend", metavar="WORD", default=None,
+                   help="attend-and-excite these subject words (bare flag: the prompt's object words); repeated "
+                        "flags add up")
     g.add_argument("--edit", default=None, metavar="PROMPT",
                    help="prompt-to-prompt: sample this edited prompt with the plain prompt's attention replayed "
                         "(same number of words: word swap; words only added: refinement)")
-    g.add_argument("--cross-replace-steps", type=float, default=0.8, help="share of the run whose cross-attention "
-                   "is replayed (default 0.8)")
-    g.add_argument("--self-replace-steps", type=float, default=0.4, help="share of the run whose self-attention "
-                   "is replayed (default 0.4)")
+    g.add_argument("--cross-replace-steps", type=float, default=None, help="with --edit: share of the run whose "
+                   "cross-attention is replayed (default 0.8)")
+    g.add_argument("--self-replace-steps", type=float, default=None, help="with --edit: share of the run whose "
+                   "self-attention is replayed (default 0.4)")
     g.add_argument("--local-blend", action="store_true", help="keep the plain image outside the edited words' maps")
 
 
@@ -81,29 +92,34 @@ def object_words(prompt_word_texts: list[str]) -> list[str]:
 
 def plan_control(pipe, args) -> ControlPlan | None:
     """The control the command line asks for, or None; raises UsageError naming any bad value."""
+    shaping = [("--reweight-steps", args.reweight_steps, args.reweight, "--reweight"),
+               ("--cross-replace-steps", args.cross_replace_steps, args.edit, "--edit"),
+               ("--self-replace-steps", args.self_replace_steps, args.edit, "--edit"),
+               ("--local-blend", args.local_blend or None, args.edit, "--edit")]
+    for flag, value, control, control_flag in shaping:
+        if value is not None and control is None:
+            raise UsageError(f"{flag} needs {control_flag}, which is not given: add {control_flag} or drop {flag}")
     if args.reweight is None and args.excite is None and args.edit is None:
-        if args.local_blend:
-            raise UsageError("--local-blend needs --edit")
         return None
     if not isinstance(pipe, ScenePipeline):
         raise UsageError("--reweight/--excite/--edit need this project's pipeline (its sampling loop calls the "
                          "controller); for diffusers models use crossattn.control.Controller in Python")
     if args.edit is not None and len(args.prompts) != 1:
         raise UsageError(f"--edit takes exactly one prompt to edit, got {len(args.prompts)}")
-    if args.local_blend and args.edit is None:
-        raise UsageError("--local-blend needs --edit")
-    start, end = args.reweight_steps
+    defaults = ControlPlan()
+    start, end = args.reweight_steps or defaults.reweight_steps
+    cross = defaults.cross_replace_steps if args.cross_replace_steps is None else args.cross_replace_steps
+    self_steps = defaults.self_replace_steps if args.self_replace_steps is None else args.self_replace_steps
     for name, value in (("--reweight-steps START", start), ("--reweight-steps END", end),
-                        ("--cross-replace-steps", args.cross_replace_steps),
-                        ("--self-replace-steps", args.self_replace_steps)):
+                        ("--cross-replace-steps", cross), ("--self-replace-steps", self_steps)):
         if not 0.0 <= value <= 1.0:  # also refuses nan
             raise UsageError(f"{name} must be a share of the run between 0 and 1, got {value}")
-    if start > end:
-        raise UsageError(f"--reweight-steps START {start} is after END {end}")
+    if start >= end:
+        raise UsageError(f"--reweight-steps {start:g} {end:g} is {'empty' if start == end else 'reversed'}: START "
+                         "must be below END (shares of the run, e.g. 0 0.5)")
     excite = None if args.excite is None else list(dict.fromkeys(args.excite))
     plan = ControlPlan(reweight_steps=(start, end), excite=excite, edit=args.edit,
-                        cross_replace_steps=args.cross_replace_steps, self_replace_steps=args.self_replace_steps,
-                        local_blend=args.local_blend)
+                       cross_replace_steps=cross, self_replace_steps=self_steps, local_blend=args.local_blend)
     try:
         if args.reweight is not None:
             plan.reweight = parse_weights(args.reweight)

@@ -117,7 +117,11 @@ class UNet(ModelMixin, ConfigMixin):
         if sample.shape[2] % factor or sample.shape[3] % factor:
             raise ValueError(f"height and width must be multiples of {factor}, got {tuple(sample.shape[2:])}")
         B = sample.shape[0]
-        t = torch.as_tensor(timestep, device=sample.device).reshape(-1).expand(B)
+        t = torch.as_tensor(timestep, device=sample.device).reshape(-1)  # a number, or 1 or B timesteps
+        if t.numel() not in (1, B) or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"timestep must be a number or a tensor of 1 or {B} (the batch) real timesteps, got "
+                             f"{t.numel()} of dtype {t.dtype}")
+        t = t.expand(B)
         t_emb = self.time_mlp(timestep_embedding(t, self.config.channels[0]).to(sample.dtype))  # (B, time_dim)
         context = encoder_hidden_states  # (B, T, context_dim): Keys/Values for every cross-attention
 

@@ -27,9 +27,9 @@ from .base import Recipe, check_share
 from .controller import Controller, ControlProcessor
 from .edit import SELF_REPLACE_MAX_QUERIES, Edit, LocalBlend, Record, Recording
 from .excite import Excite, gaussian_smooth
-from .reweight import Reweight
+from .reweight import MAX_FACTOR, Reweight, check_factor
 from .words import parse_weights, word_positions
 
-__all__ = ["SELF_REPLACE_MAX_QUERIES", "Alignment", "ControlProcessor", "Controller", "Edit", "Excite", "LocalBlend",
-           "Recipe", "Record", "Recording", "Reweight", "align_prompts", "check_share", "gaussian_smooth",
-           "parse_weights", "word_positions"]
+__all__ = ["MAX_FACTOR", "SELF_REPLACE_MAX_QUERIES", "Alignment", "ControlProcessor", "Controller", "Edit", "Excite",
+           "LocalBlend", "Recipe", "Record", "Recording", "Reweight", "align_prompts", "check_factor", "check_share",
+           "gaussian_smooth", "parse_weights", "word_positions"]

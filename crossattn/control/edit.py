@@ -62,6 +62,9 @@ class Edit(Recipe):
     blend_threshold: float = 0.3  # of each map's maximum, after a 3x3 max-pool (prompt-to-prompt's values)
 
     def __post_init__(self):
+        if not self.recording.weights:
+            raise ValueError("recording: the Recording is empty; record the source first (Controller(record=True) "
+                             "attached during a run of the source prompt), then pass its .recording")
         check_share("cross_replace_steps", self.cross_replace_steps)
         check_share("self_replace_steps", self.self_replace_steps)
         if self.local_blend and self.blend_tokens is None:

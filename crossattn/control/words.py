@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ..text import Word
+from .reweight import check_factor
 
 
 def word_positions(words: list[Word], names: list[str], what: str) -> dict[str, list[int]]:
@@ -17,7 +18,8 @@ def word_positions(words: list[Word], names: list[str], what: str) -> dict[str, 
 
 
 def parse_weights(items: list[str]) -> dict[str, float]:
-    """'red=2' items -> {'red': 2.0}; ValueError naming an item that is not WORD=finite number."""
+    """'red=2' items -> {'red': 2.0}; ValueError naming an item that is not WORD=NUMBER within +-MAX_FACTOR, or a
+    word given twice with different factors (the same factor twice is one item)."""
     weights = {}
     for item in items:
         word, sep, value = item.partition("=")
@@ -27,5 +29,8 @@ def parse_weights(items: list[str]) -> dict[str, float]:
             factor = None
         if not sep or not word or factor is None or not math.isfinite(factor):
             raise ValueError(f"--reweight {item!r}: expected WORD=NUMBER with a finite number, e.g. red=2")
+        check_factor(f"--reweight {item!r}", factor)
+        if weights.get(word, factor) != factor:
+            raise ValueError(f"--reweight gives {word!r} two factors ({weights[word]:g} and {factor:g}): give it once")
         weights[word] = factor
     return weights

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from crossattn.control import check_factor
 from unet.cli import (
     UsageError,
     check_out_dir,
@@ -69,9 +70,12 @@ def check_args(args) -> None:
     for flag, value in (("--seeds", args.seeds), ("--steps", args.steps), ("--dataset-images", args.dataset_images)):
         if value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
-    for flag, value in (("--guidance", args.guidance), ("--reweight-factor", args.reweight_factor)):
-        if value is not None and not math.isfinite(value):
-            raise UsageError(f"{flag} must be a finite number, got {value}")
+    if args.guidance is not None and not math.isfinite(args.guidance):
+        raise UsageError(f"--guidance must be a finite number, got {args.guidance}")
+    try:
+        check_factor("--reweight-factor", args.reweight_factor)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
     check_out_dir(default_out(args) if args.out is None else args.out)
     if args.readme is not None:
         try:
