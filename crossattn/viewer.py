@@ -23,8 +23,10 @@ import base64
 import html
 import json
 import os
+import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
@@ -122,13 +124,37 @@ def find_runs(root: Path) -> list[Path]:
     return sorted(runs, key=lambda p: (-(p / "meta.json").stat().st_mtime, str(p)))
 
 
-def _card(root: Path, run: Path) -> str:
-    meta = json.loads((run / "meta.json").read_text())
+def read_run_meta(run: Path) -> dict:
+    """A run's meta.json as the gallery needs it; ValueError saying what is wrong with it (unreadable, not
+    UTF-8 or JSON, not an object, a prompt that is not text, images that are not a list of file names)."""
+    path = run / "meta.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"its meta.json is not a readable UTF-8 JSON file ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:80]})") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"its meta.json holds a JSON {type(meta).__name__}, not an object")
+    if not isinstance(meta.get("prompt", ""), str):
+        raise ValueError(f"its meta.json's prompt is not text: {meta['prompt']!r:.40}")
+    images = meta.get("images", [])
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+        raise ValueError("its meta.json's images is not a list of file names")
+    return meta
+
+
+def _href(rel: str, name: str = "") -> str:
+    """A link to `rel/name` relative to the gallery: './' first and every part URL-quoted, so no folder name
+    (e.g. 'javascript:alert(1)') can turn into a scheme or break out of the attribute."""
+    return "./" + "/".join(quote(part, safe="") for part in [*rel.split("/"), *([name] if name else [""])])
+
+
+def _card(root: Path, run: Path, meta: dict) -> str:
     rel = run.relative_to(root).as_posix()
     esc = html.escape
     has_page = (run / RUN_PAGE).exists()
-    link = f"{rel}/{RUN_PAGE}" if has_page else f"{rel}/"
-    thumb = f"{rel}/{meta['images'][0]}" if meta.get("images") else ""
+    link = _href(rel, RUN_PAGE if has_page else "")
+    thumb = _href(rel, meta["images"][0]) if meta.get("images") else ""
     written = time.strftime("%Y-%m-%d %H:%M", time.localtime((run / "meta.json").stat().st_mtime))
     note = "" if has_page else '<p class="note">no page (older run): links to the folder</p>'
     return (f'<a class="card" href="{esc(link)}" data-prompt="{esc(meta.get("prompt", ""))}">'
@@ -140,8 +166,10 @@ def _card(root: Path, run: Path) -> str:
             f"{note}</a>")
 
 
-def write_gallery(root: Path) -> Path:
-    """Write root/index.html with a card per run under root; replaces the previous gallery."""
+def write_gallery(root: Path, warn=None) -> Path:
+    """Write root/index.html with a card per run under root; replaces the previous gallery. A run whose
+    meta.json cannot be read is skipped, and `warn` (default: a line on stderr) is told which and why."""
+    warn = warn or (lambda line: print(f"warning: {line}", file=sys.stderr))
     root = Path(root)
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder")
@@ -150,12 +178,21 @@ def write_gallery(root: Path) -> Path:
     runs = find_runs(root)
     if not runs:
         raise UsageError(f"no runs under {root}: no folder there holds a meta.json (written by scripts/generate.py)")
+    cards = []
+    for run in runs:
+        try:
+            cards.append(_card(root, run, read_run_meta(run)))
+        except ValueError as e:
+            warn(f"skipped {run}: {e}")
     page = (TEMPLATES / "gallery.html").read_text()
-    page = page.replace("{{title}}", html.escape(root.resolve().name)).replace("{{count}}", str(len(runs)))
-    page = page.replace("{{cards}}", "\n".join(_card(root, run) for run in runs))
-    target, tmp = root / GALLERY_PAGE, root / f".{GALLERY_PAGE}.tmp"
-    tmp.write_text(page)
-    os.replace(tmp, target)  # a browser reloading mid-write sees the old or the new page, never half of one
+    page = page.replace("{{title}}", html.escape(root.resolve().name)).replace("{{count}}", str(len(cards)))
+    page = page.replace("{{cards}}", "\n".join(cards))
+    target, tmp = root / GALLERY_PAGE, root / f".{GALLERY_PAGE}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(page)
+        os.replace(tmp, target)  # a browser reloading mid-write sees the old or the new page, never half of one
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
 
 
@@ -164,9 +201,16 @@ def gallery_main(argv=None) -> int:
                                 "(folders written by scripts/generate.py) under DIR, linking each run's page.")
     p.add_argument("dir", help="folder holding run folders, e.g. outputs/")
     args = p.parse_args(argv)
+    if not args.dir.strip():
+        return usage_error("the folder is empty (''); give the folder holding the runs, e.g. outputs")
     try:
         page = write_gallery(Path(args.dir))
     except UsageError as e:
         return usage_error(e)
+    except OSError as e:  # a full disk, a file-size limit, a folder that is not writable
+        return usage_error(f"could not write the gallery in {args.dir}: {e.strerror or e}; the old page is unchanged")
+    except KeyboardInterrupt:
+        print("interrupted (SIGINT): the gallery page is unchanged", file=sys.stderr)
+        return 128 + 2
     print(page)
     return 0

@@ -447,3 +447,84 @@ def test_stale_steered_partial_folders_are_removed(tiny_pipeline_dir, tmp_path):
     assert not stale.exists() and live.exists()
     (result,) = [p for p in tmp_path.iterdir() if p != run]
     assert (result / "compare.png").is_file() and not list(result.glob(f"{PARTIAL}*"))
+
+
+# --- 8. the gallery skips a bad run with one warning and links nothing that can run script
+def _run_folder(root: Path, name: str, meta) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "meta.json").write_bytes(meta if isinstance(meta, bytes) else json.dumps(meta).encode())
+    (run / "image_0.png").write_bytes(b"png")
+    return run
+
+
+@pytest.mark.parametrize("bad, why", [
+    (b'{"prompt": "a red', "not a readable UTF-8 JSON file"),
+    ([1, 2], "holds a JSON list, not an object"),
+    ({"prompt": 5}, "prompt is not text"),
+    (b'{"prompt": "\xff\xfe"}', "not a readable UTF-8 JSON file (UnicodeDecodeError"),
+    ("folder", "not a readable UTF-8 JSON file (IsADirectoryError"),
+    ("mode 000", "not a readable UTF-8 JSON file (PermissionError"),
+])
+def test_gallery_skips_a_bad_run_with_one_warning(tmp_path, capsys, monkeypatch, bad, why):
+    from crossattn.viewer import gallery_main
+    good = _run_folder(tmp_path, "good", {"prompt": "a red circle", "images": ["image_0.png"], "seed": 1})
+    if bad == "folder":
+        (tmp_path / "broken" / "meta.json").mkdir(parents=True)
+    elif bad == "mode 000":
+        broken = _run_folder(tmp_path, "broken", {"prompt": "a blue square"})
+        (broken / "meta.json").chmod(0)
+        real_read = Path.read_text
+        if os.geteuid() == 0:  # root reads anything: make the read fail as it would for a user
+            def read_text(self, *args, **kwargs):
+                if self == broken / "meta.json":
+                    raise PermissionError(13, "Permission denied", str(self))
+                return real_read(self, *args, **kwargs)
+            monkeypatch.setattr(Path, "read_text", read_text)
+    else:
+        _run_folder(tmp_path, "broken", bad)
+    assert gallery_main([str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    line = one_line(captured.err, f"warning: skipped {tmp_path / 'broken'}: ")
+    assert why in line, line
+    page = (tmp_path / "index.html").read_text()
+    assert "1 run(s)" in page and "a red circle" in page and f"./{good.name}/" in page
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "good", "index.html"]  # no .index.html.tmp
+
+
+def test_gallery_links_cannot_become_a_scheme(tmp_path, capsys):
+    from html.parser import HTMLParser
+
+    from crossattn.viewer import gallery_main
+    _run_folder(tmp_path, "javascript:alert(1)", {"prompt": "x", "images": ["image_0.png"]})
+    _run_folder(tmp_path, 'q" onmouseover="alert(2)', {"prompt": "y", "images": ["image_0.png"]})
+    assert gallery_main([str(tmp_path)]) == 0
+    cards = []
+
+    class Cards(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag in ("a", "img") and any(k in ("href", "src") for k, _ in attrs):
+                cards.append(dict(attrs))
+
+    Cards().feed((tmp_path / "index.html").read_text())
+    links = [c.get("href", c.get("src")) for c in cards]
+    assert len(cards) == 4 and all(link.startswith("./") for link in links), links
+    assert "./javascript%3Aalert%281%29/" in links and not any("onmouseover" in c for c in cards)
+
+
+def test_gallery_write_failure_keeps_the_old_page(tmp_path, capsys, monkeypatch):
+    from crossattn import viewer
+    _run_folder(tmp_path, "good", {"prompt": "a red circle", "images": ["image_0.png"]})
+    (tmp_path / "index.html").write_text("old page")
+    real_replace = os.replace
+
+    def disk_full(src, dst):
+        if Path(dst).name == "index.html":
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(viewer.os, "replace", disk_full)
+    assert viewer.gallery_main([str(tmp_path)]) == 2
+    one_line(capsys.readouterr().err, "could not write the gallery in")
+    assert (tmp_path / "index.html").read_text() == "old page"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good", "index.html"]

@@ -104,13 +104,13 @@ def test_gallery_lists_every_run_and_rerun_updates_it(tiny_pipeline, tmp_path, c
     assert gallery_main([str(tmp_path)]) == 0
     page = (tmp_path / "index.html").read_text()
     assert capsys.readouterr().out.strip() == str(tmp_path / "index.html")
-    assert f'href="a/{first.name}/index.html"' in page and f'src="a/{first.name}/image_0.png"' in page
+    assert f'href="./a/{first.name}/index.html"' in page and f'src="./a/{first.name}/image_0.png"' in page
     assert "a red circle" in page and "seed 1" in page and "tiny-test-model" in page and ".partial-" not in page
     assert "1 run(s)" in page
     second = make_run(tiny_pipeline, tmp_path / "b", prompt="a blue square", seed=2)
     write_gallery(tmp_path)
     page = (tmp_path / "index.html").read_text()
-    assert f'href="b/{second.name}/index.html"' in page and "a blue square" in page and "2 run(s)" in page
+    assert f'href="./b/{second.name}/index.html"' in page and "a blue square" in page and "2 run(s)" in page
 
 
 @pytest.mark.parametrize("make, message", [
