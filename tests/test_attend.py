@@ -144,3 +144,13 @@ def test_attend_on_a_stable_diffusion_folder_encodes_with_the_vae(tmp_path, caps
 def test_console_command_installed():
     (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "crossattn-attend"]
     assert entry.value == "unet.cli.attend:main"
+
+
+def test_attend_refuses_an_sdxl_folder_in_one_line(tmp_path, capsys):
+    from test_diffusers import tiny_pipeline as tiny_sd
+    tiny_sd("sdxl").save_pretrained(tmp_path / "sdxl", safe_serialization=True)
+    capsys.readouterr()  # the saving's progress bars
+    rc, stdout, err = run([_png(tmp_path), "a red cat", "--model", tmp_path / "sdxl", "--out", tmp_path / "out"],
+                          capsys)
+    assert rc == 2 and stdout == "" and "is not supported by attend" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
