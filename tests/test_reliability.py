@@ -528,3 +528,32 @@ def test_gallery_write_failure_keeps_the_old_page(tmp_path, capsys, monkeypatch)
     one_line(capsys.readouterr().err, "could not write the gallery in")
     assert (tmp_path / "index.html").read_text() == "old page"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good", "index.html"]
+
+
+# --- 9. minor: an empty --out, explain's long prompts
+@pytest.mark.parametrize("command", ["generate", "explain", "train", "make-data"])
+def test_an_empty_out_is_refused(tiny_pipeline_dir, tmp_path, capsys, monkeypatch, command):
+    from unet.cli import explain, generate
+    from unet.cli import train as train_script
+    monkeypatch.chdir(tmp_path)  # '' must not mean this folder
+    rc = {"generate": lambda: generate.main(["a red circle", "--model", str(tiny_pipeline_dir), "--out", ""]),
+          "explain": lambda: explain.main(["heads", "--model", str(tiny_pipeline_dir), "--out", ""]),
+          "train": lambda: train_script.main(["--out", "", *TINY_TRAIN]),
+          "make-data": lambda: train_script.main(["--make-data", "", "--num-samples", "2"])}[command]()
+    assert rc == 2
+    one_line(capsys.readouterr().err, "is empty (''); give a folder")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_explain_refuses_a_prompt_longer_than_the_tokenizer(tiny_pipeline_dir, tmp_path, capsys, monkeypatch):
+    from unet.cli import explain
+    from unet.pipeline import ScenePipeline
+
+    def never(*a, **k):
+        raise AssertionError("sampled before checking the input")
+
+    monkeypatch.setattr(ScenePipeline, "__call__", never)
+    rc = explain.main(["heads", "a red circle " * 20, "--model", str(tiny_pipeline_dir), "--out", str(tmp_path / "o")])
+    assert rc == 2
+    one_line(capsys.readouterr().err, "words would be dropped")
+    assert not (tmp_path / "o").exists()

@@ -39,14 +39,19 @@ def check_tokenizers_agree(pipe, prompt: str) -> None:
                          "per word), so a word's map would mix tokens of different words")
 
 
-def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None) -> list[str]:
-    """Validate one prompt; returns warnings. Raises UsageError naming the problem."""
-    check_prompt_text(prompt)
+def check_prompt_length(pipe, prompt: str, truncate: bool) -> None:
+    """Raise UsageError for a prompt the tokenizer would cut, naming the words dropped, unless `truncate`."""
     cut = dropped_words(pipe.tokenizer, prompt)
-    if cut and not settings.truncate:
+    if cut and not truncate:
         raise UsageError(f"prompt is longer than the tokenizer's {pipe.tokenizer.model_max_length} tokens; these "
                          f"words would be dropped: {shorten(' '.join(cut), 200)} (shorten it, or pass --truncate "
                          "to accept)")
+
+
+def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None) -> list[str]:
+    """Validate one prompt; returns warnings. Raises UsageError naming the problem."""
+    check_prompt_text(prompt)
+    check_prompt_length(pipe, prompt, settings.truncate)
     prompt_list = [w.text for w in prompt_words(pipe.tokenizer, prompt)]
     check_tokenizers_agree(pipe, prompt)
     missing = [w for w in words or [] if w not in prompt_list]

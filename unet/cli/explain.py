@@ -32,7 +32,8 @@ from unet.cli import (
     sigterm_as_interrupt,
     usage_error,
 )
-from unet.cli.checks import check_prompt_text, unseen_words
+from unet.cli.checks import check_prompt_length, check_prompt_text, unseen_words
+from unet.cli.folders import WRITE_ERRORS, write_failed
 from unet.data import SHAPES
 from unet.pipeline import default_size, load_pipeline
 
@@ -46,6 +47,7 @@ def check_inputs(args):
     check_seed(args.seed)
     check_out_dir(args.out)
     pipe = load_pipeline(args.model, show_progress=False)
+    check_prompt_length(pipe, args.prompt, args.truncate)
     words = [w.text for w in prompt_words(pipe.tokenizer, args.prompt)]
     word = args.word or next((w for w in words if w in SHAPES), words[-1])
     if word not in words:
@@ -110,6 +112,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", default="outputs/explain")
+    p.add_argument("--truncate", action="store_true", help="accept a prompt longer than the tokenizer allows")
     args = p.parse_args(argv)
     out = Path(args.out)
     with sigterm_as_interrupt():
@@ -121,6 +124,8 @@ def main(argv=None) -> int:
             return usage_error(e)
         except KeyboardInterrupt as e:
             return interrupted(e, f"no figure half-written in {out}")
+        except WRITE_ERRORS as e:  # a full disk or a file-size limit: the partial folder is gone already
+            return write_failed(e, "the figures")
     for path in paths:
         print(path)
     return 0

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
     try:
-        if args.make_data:
+        if args.make_data is not None:
             if args.num_samples <= 0:
                 raise ValueError("--make-data needs --num-samples N > 0")
             check_out_dir(args.make_data, "--make-data")
