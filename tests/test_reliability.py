@@ -557,3 +557,13 @@ def test_explain_refuses_a_prompt_longer_than_the_tokenizer(tiny_pipeline_dir, t
     assert rc == 2
     one_line(capsys.readouterr().err, "words would be dropped")
     assert not (tmp_path / "o").exists()
+
+
+def test_train_file_size_limit_gives_one_line_and_no_half_run(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--out", str(out), *TINY_TRAIN,
+                           "--steps", "2"], capture_output=True, text=True, timeout=300,
+                          preexec_fn=_limited("RLIMIT_FSIZE", 20_000))  # the checkpoint is larger
+    assert proc.returncode == 2, proc.stderr
+    one_line(proc.stderr, "File too large")
+    assert not out.exists()
