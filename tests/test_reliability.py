@@ -567,3 +567,11 @@ def test_train_file_size_limit_gives_one_line_and_no_half_run(tmp_path):
     assert proc.returncode == 2, proc.stderr
     one_line(proc.stderr, "File too large")
     assert not out.exists()
+
+
+def test_readme_states_these_guarantees():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Bad input and interrupts"):readme.index("### Inspect runs in a browser")]
+    for phrase in ("SHA-256", "`--overwrite`", "URL-quoted", "bit for bit", "`-2`", "`ulimit -f`", "`ulimit -v`",
+                   "while importing", "`.partial-<pid>-steered-*`", "−1000 … 1000", "empty `Recording`"):
+        assert phrase in section, phrase
