@@ -188,3 +188,18 @@ def test_saved_pipeline_keeps_vocab_and_merges(tiny_pipeline_dir):
     assert (folder / "vocab.json").exists() and (folder / "merges.txt").exists()
     slow = CLIPTokenizer(vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt"))
     assert slow("a red circle").input_ids == CLIPTokenizer.from_pretrained(folder)("a red circle").input_ids
+
+
+def test_single_share_sets_the_data_mix_and_old_runs_draw_the_same_batches():
+    """--single-share 0 draws only pairs, 1 only single objects; the default is the mix every earlier run used."""
+    from unet.data import SHAPES
+    from unet.train import TrainConfig, fresh_batch
+
+    def objects(caption):
+        return sum(w in SHAPES for w in caption.split())
+    _, pairs = fresh_batch(0, 7, 64, 32, single_share=0.0)
+    _, singles = fresh_batch(0, 7, 64, 32, single_share=1.0)
+    assert {objects(c) for c in pairs} == {2} and {objects(c) for c in singles} == {1}
+    old_images, old_captions = fresh_batch(0, 7, 16, 32)
+    images, captions = fresh_batch(0, 7, 16, 32, single_share=TrainConfig().single_share)
+    assert torch.equal(old_images, images) and old_captions == captions
