@@ -15,9 +15,11 @@ def test_quick_evaluation_reports_readouts_and_rewrites_the_readme_tables(tiny_p
     readme.write_text(f"# title\n\nbefore\n{MAPS_BEGIN}\nold tables\n{MAPS_END}\nafter\n")
     out = tmp_path / "eval"
     rc = evaluate.main(["--model", str(tiny_pipeline_dir), "--quick", "--out", str(out), "--steps", "3", "--seeds",
-                        "1", "--dataset-images", "4", "--quiet", "--readme", str(readme)])
+                        "1", "--dataset-images", "4", "--quiet", "--readme", str(readme),
+                        "--guidance", "2", "--guidance-max-t", "500"])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
+    assert (report["settings"]["guidance"], report["settings"]["guidance_max_t"]) == (2.0, 500)
     for images in ("", "_dataset"):
         for name in READOUTS:
             block = report["readouts" + images][name]

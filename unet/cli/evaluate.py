@@ -39,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, default=None, help="images per prompt (default 8, quick 2)")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's own)")
+    p.add_argument("--guidance-max-t", type=int, default=None,
+                   help="guide only at timesteps <= this (default: the model's own; none for the shipped model)")
     p.add_argument("--scheduler", default="ddim", choices=list(SCHEDULERS),
                    help="sampler (default ddim; dpm = DPM-Solver++, which needs fewer --steps)")
     p.add_argument("--dataset-images", type=int, default=None,
@@ -106,6 +108,8 @@ def main(argv=None) -> int:
             check_args(args)
             pipe = load_pipeline(args.model, scheduler=args.scheduler, show_progress=not args.quiet)
             check_model_args(pipe, args)
+            if args.guidance_max_t is not None:
+                pipe.register_to_config(guidance_max_t=args.guidance_max_t)
         except UsageError as e:
             return usage_error(e)
         except KeyboardInterrupt as e:
@@ -135,6 +139,7 @@ def evaluation_main(pipe, args) -> int:
         dataset_timestep=args.dataset_timestep, quick=args.quick, progress=not args.quiet)
     report["model"] = str(args.model or "shipped")
     report["settings"]["scheduler"] = args.scheduler
+    report["settings"]["guidance_max_t"] = pipe.config.get("guidance_max_t")
     report["date"] = datetime.date.today().isoformat()
     title = f"Evaluation of {report['model']} ({report['date']})"
     out = publish_report(args, lambda folder: write(report, records, batches, selection, folder, title))
