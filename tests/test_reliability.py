@@ -575,3 +575,18 @@ def test_readme_states_these_guarantees():
     for phrase in ("SHA-256", "`--overwrite`", "URL-quoted", "bit for bit", "`-2`", "`ulimit -f`", "`ulimit -v`",
                    "while importing", "`.partial-<pid>-steered-*`", "−1000 … 1000", "empty `Recording`"):
         assert phrase in section, phrase
+
+
+def test_make_data_disk_full_gives_one_line_and_no_folder(tmp_path, capsys, monkeypatch):
+    from unet.cli import train as train_script
+
+    def save_half_then_fail(self, folder):
+        Path(folder).mkdir(parents=True)
+        (Path(folder) / "images.safetensors").write_bytes(b"half")
+        raise OSError(28, "No space left on device", str(Path(folder) / "images.safetensors"))
+
+    monkeypatch.setattr(train_script.SceneDataset, "save", save_half_then_fail)
+    data = tmp_path / "data"
+    assert train_script.main(["--make-data", str(data), "--num-samples", "2", "--size", "8"]) == 2
+    one_line(capsys.readouterr().err, "could not write the dataset: No space left on device")
+    assert not data.exists()

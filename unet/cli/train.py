@@ -12,9 +12,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from safetensors import SafetensorError
-
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
+from unet.cli.folders import WRITE_ERRORS, write_failed
 from unet.data import SceneDataset
 from unet.pipeline import progress_bars
 from unet.train import TrainConfig, Trainer, check_resumable
@@ -76,6 +75,9 @@ def make_data(args) -> int:
     except KeyboardInterrupt as e:
         remove_new(folder, before)
         return interrupted(e, "no dataset written")
+    except WRITE_ERRORS as e:
+        remove_new(folder, before)
+        return write_failed(e, "the dataset")
     except BaseException:
         remove_new(folder, before)
         raise
@@ -121,10 +123,10 @@ def _main(args) -> int:
             return interrupted(e, f"trained to step {trainer.step} (checkpoint {trainer.ckpt_path}), but the pipeline "
                                   "was not written; the same command with --resume writes it")
         return interrupted(e, f"checkpoint saved at step {trainer.step} in {trainer.ckpt_path}; --resume continues")
-    except (OSError, SafetensorError) as e:  # a full disk or a file-size limit: what was written is whole
+    except WRITE_ERRORS as e:  # a full disk or a file-size limit: what was written is whole
         if not trainer.ckpt_path.exists():
             remove_new(out, before)
-        return usage_error(f"could not write to {out}: {e}")
+        return write_failed(e, f"the run in {out}")
     except BaseException:
         if not trainer.ckpt_path.exists():  # nothing to resume from: leave no half-made run folder
             remove_new(out, before)
