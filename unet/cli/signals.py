@@ -64,11 +64,11 @@ def interrupted(e: KeyboardInterrupt, what: str) -> int:
 
 class DeferredSignals:
     """Inside the block SIGINT and SIGTERM are noted, not raised, so work that must not stop half-way (a
-    training step, writing a file) ends first; `raise_pending()` raises `Interrupted` for the first noted
-    signal at a moment of the caller's choosing, and leaving the block raises it if nobody did.
+    training step and the checkpoint after it) ends first; `raise_pending()` raises `Interrupted` for the
+    first noted signal at a moment of the caller's choosing, and leaving the block raises it if nobody did.
 
-    Python raises Ctrl-C wherever the interpreter happens to be, also inside a weakref callback (matplotlib's
-    WeakKeyDictionary), where it is printed as "Exception ignored" and lost: the run then exits 0.
+    Training needs this: a signal raised inside a step left the noise generator past that step's draws while
+    the checkpoint recorded the step before it, so `--resume` drew different noise from then on.
     """
 
     def __init__(self):
