@@ -119,10 +119,14 @@ def _main(args) -> int:
     try:
         trainer.train(progress=not args.quiet)
     except KeyboardInterrupt as e:  # held to the end of a step; the trainer saved its checkpoint there
-        if trainer.step >= trainer.cfg.steps:
-            return interrupted(e, f"trained to step {trainer.step} (checkpoint {trainer.ckpt_path}), but the pipeline "
-                                  "was not written; the same command with --resume writes it")
-        return interrupted(e, f"checkpoint saved at step {trainer.step} in {trainer.ckpt_path}; --resume continues")
+        if trainer.saved_step is None:  # stopped before the loop began: nothing to resume from
+            remove_new(out, before)
+            return interrupted(e, "nothing was written")
+        if trainer.saved_step >= trainer.cfg.steps:
+            return interrupted(e, f"trained to step {trainer.saved_step} (checkpoint {trainer.ckpt_path}), but the "
+                                  "pipeline was not written; the same command with --resume writes it")
+        return interrupted(e, f"checkpoint saved at step {trainer.saved_step} in {trainer.ckpt_path}; --resume "
+                              "continues")
     except WRITE_ERRORS as e:  # a full disk or a file-size limit: what was written is whole
         if not trainer.ckpt_path.exists():
             remove_new(out, before)
