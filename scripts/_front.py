@@ -8,17 +8,34 @@ import importlib
 import signal
 import sys
 
+_noted: list[int] = []  # signals received while importing
+
 
 def _interrupt(signum, frame):
+    _noted.append(signum)
     raise KeyboardInterrupt(signum)
+
+
+def _report(signum: int) -> int:
+    print(f"interrupted ({signal.Signals(signum).name}): while starting, nothing was written", file=sys.stderr)
+    return 128 + signum
 
 
 def run(module: str, function: str = "main") -> int:
     """Import `module` and return what its `function()` returns, with interrupts reported in one line."""
-    signal.signal(signal.SIGTERM, _interrupt)  # the command installs its own handlers once it runs
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # background jobs ignore Ctrl-C: keep it so
+            signal.signal(signum, _interrupt)  # the command installs its own handlers once it runs
     try:
-        return getattr(importlib.import_module(module), function)()
+        main = getattr(importlib.import_module(module), function)
+    except BaseException as e:
+        # a library may catch the interrupt half-way through an import and fail later with another error
+        if _noted or isinstance(e, KeyboardInterrupt):
+            return _report(_noted[0] if _noted else signal.SIGINT)
+        raise
+    if _noted:  # caught and dropped inside an import that still finished
+        return _report(_noted[0])
+    try:
+        return main()
     except KeyboardInterrupt as e:  # the commands report their own; this is what came before they ran
-        signum = getattr(e, "signum", None) or next((a for a in e.args if isinstance(a, int)), signal.SIGINT)
-        print(f"interrupted ({signal.Signals(signum).name}): while starting, nothing was written", file=sys.stderr)
-        return 128 + signum
+        return _report(getattr(e, "signum", None) or next((a for a in e.args if isinstance(a, int)), signal.SIGINT))
