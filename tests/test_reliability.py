@@ -128,15 +128,34 @@ def test_resume_to_a_step_already_reached_is_refused(tmp_path, capsys, steps, me
 
 
 # --- 3. checkpoint integrity
-def test_committed_v1_parts_without_hashes_still_join_and_resume(tmp_path):
+def test_committed_parts_join_and_resume_where_the_run_stopped(tmp_path):
+    """The training checkpoint the repository carries (outputs/checkpoints/v1) joins, checks and resumes."""
     from unet.cli import checkpoint_parts
     from unet.train import TrainConfig, Trainer
+    parts = ROOT / "outputs" / "checkpoints" / "v1"
     run = tmp_path / "v1"
     run.mkdir()
-    (run / "train_config.json").write_bytes((ROOT / "checkpoints" / "v1" / "train_config.json").read_bytes())
-    assert checkpoint_parts.main(["join", str(ROOT / "checkpoints" / "v1"), str(run / "checkpoint.safetensors")]) == 0
-    trainer = Trainer(TrainConfig(out=str(run), steps=3591, resume=True))
-    assert trainer.step == 3590 and trainer.saved_step == 3590
+    (run / "train_config.json").write_bytes((parts / "train_config.json").read_bytes())
+    assert checkpoint_parts.main(["join", str(parts), str(run / "checkpoint.safetensors")]) == 0
+    rows = (parts / "loss.csv").read_text().splitlines()
+    last = int(rows[-1].split(",")[0])
+    trainer = Trainer(TrainConfig(out=str(run), steps=last + 1, resume=True))
+    assert trainer.step == last == trainer.saved_step and len(rows) == last  # one log row per step, none missing
+
+
+def test_checkpoint_without_hashes_is_read_as_the_older_format(tmp_path):
+    """Checkpoints written before the hashes (no 'sha256' metadata) still resume."""
+    from safetensors.torch import load_file, save_file
+
+    from unet.checkpoint import HASH, read_metadata
+    from unet.train import Trainer
+    run = tmp_path / "run"
+    Trainer(tiny_config(run, steps=2)).train(progress=False)
+    path = run / "checkpoint.safetensors"
+    metadata, _ = read_metadata(path)
+    save_file(load_file(str(path)), str(path), {k: v for k, v in metadata.items() if k != HASH})
+    assert HASH not in read_metadata(path)[0]
+    assert Trainer(tiny_config(run, steps=3, resume=True)).step == 2
 
 
 @pytest.fixture(scope="module")
