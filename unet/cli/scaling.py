@@ -66,6 +66,7 @@ def main(argv=None) -> int:
         time.sleep(60)
     if not rows:
         return usage_error(f"{run} has no snapshots (train with --snapshot-every N)")
+    write_scaling(list(rows.values()), out, f"Scaling of {run}", device)  # also when every row was cached
     print(f"report: {out / 'scaling.md'}")
     if args.ship:
         best = best_row(list(rows.values()))["step"]
