@@ -3,7 +3,8 @@
 Every checkpoint, and every part `split` cuts it into, records a SHA-256 of its own tensors in its
 metadata (`sha256`); a part also records the whole checkpoint's (`checkpoint_sha256`), so `join` can
 check the file it rebuilds. Reading checks the hash and refuses non-finite weights, naming the tensor.
-A file without a hash is of the older format (e.g. the parts of runs/v1 at step 3,590, committed before 2026-12-01) and is read as before.
+A file without a hash is of the older format (e.g. the parts of runs/v1 at step 3,590, committed before
+2026-12-01) and is read as before.
 
     tensors, metadata = load(path)          # ValueError, one line, for any damage
     save(tensors, path, {"step": "250"})    # a temp file renamed into place; the hash added
