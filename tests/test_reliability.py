@@ -15,7 +15,7 @@ import torch
 from conftest import tiny_config
 
 from unet.cli import PARTIAL
-from unet.cli.folders import publish
+from unet.folders import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,10 +40,10 @@ from crossattn.maps import word_maps
 from crossattn.overlay import overlay_grid, to_uint8
 from crossattn.text import prompt_words
 
-from .cli.folders import PARTIAL
-from .cli.signals import raise_swallowed
 from .data import SHAPES
+from .folders import PARTIAL
 from .pipeline import ScenePipeline
+from .signals import raise_swallowed
 
 
 @dataclass

@@ -31,11 +31,11 @@ from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, 
 
 from . import checkpoint
 from .ablation import BidirectionalText, OracleSlots
-from .cli.folders import partial_folder, publish  # what the commands share for interrupts and result folders
-from .cli.signals import DeferredSignals
 from .data import SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
+from .folders import partial_folder, publish  # what the commands share for interrupts and result folders
 from .model import UNet
 from .pipeline import ScenePipeline, check_seed, make_scheduler
+from .signals import DeferredSignals
 
 # Training derives torch seeds from its seed (seed + step, seed * 100003 + epoch), and torch's must fit in
 # 64 bits: 32-bit seeds keep them in range for any run length (sampling takes all 64 bits: pipeline.MAX_SEED).

@@ -4,11 +4,19 @@ command is a module here with a `main(argv)`; `scripts/*.py` are one-line front 
 
 from crossattn.errors import UsageError, shorten, usage_error
 
+from ..folders import (
+    PARTIAL,
+    check_out_dir,
+    claim_folder,
+    partial_folder,
+    publish,
+    publish_files,
+    remove_stale_partials,
+)
 from ..pipeline import MAX_SEED, check_seed
+from ..signals import Interrupted, interrupted, sigterm_as_interrupt
 from .checks import check_model_settings, check_prompt, check_settings
-from .folders import PARTIAL, check_out_dir, claim_folder, partial_folder, publish, publish_files, remove_stale_partials
 from .memory import available_memory, memory_estimate
-from .signals import Interrupted, interrupted, sigterm_as_interrupt
 
 __all__ = ["MAX_SEED", "PARTIAL", "Interrupted", "UsageError", "available_memory", "check_model_settings",
            "check_out_dir", "check_prompt", "check_seed", "check_settings", "claim_folder", "interrupted",

@@ -23,11 +23,11 @@ from unet.cli import (
     sigterm_as_interrupt,
     usage_error,
 )
-from unet.cli.folders import WRITE_ERRORS, write_failed
 from unet.eval.control import CONTROLS, fmt, run_control_evaluation
 from unet.eval.control import write as write_control
 from unet.eval.evaluate import run_evaluation
 from unet.eval.report import check_readme, refresh_readme, write
+from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import SCHEDULERS, load_pipeline
 
 

@@ -33,8 +33,8 @@ from unet.cli import (
     usage_error,
 )
 from unet.cli.checks import check_prompt_length, check_prompt_text, unseen_words
-from unet.cli.folders import WRITE_ERRORS, write_failed
 from unet.data import SHAPES
+from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import default_size, load_pipeline
 
 DEFAULT_PROMPT = "a red circle left of a blue square"

@@ -41,6 +41,7 @@ from crossattn.text import prompt_words
 from crossattn.viewer import write_run_page
 
 from ..control import add_control_args, control_one, plan_control
+from ..folders import WRITE_ERRORS, write_failed
 from ..pipeline import PRETRAINED, SCHEDULERS, ScenePipeline, Settings, default_guidance, load_pipeline
 from . import (
     UsageError,
@@ -54,7 +55,6 @@ from . import (
     sigterm_as_interrupt,
     usage_error,
 )
-from .folders import WRITE_ERRORS, write_failed
 from .memory import MEMORY_ERRORS, out_of_memory
 
 

@@ -13,8 +13,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
-from unet.cli.folders import WRITE_ERRORS, write_failed
 from unet.data import SceneDataset
+from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import progress_bars
 from unet.train import TrainConfig, Trainer, check_resumable
 
