@@ -29,7 +29,7 @@ def judge(prompt: str, image: np.ndarray) -> tuple[bool, str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt", help="the prompt the images were made from")
-    p.add_argument("images", nargs="+", help="image files (RGB; any size the detector's model was made for)")
+    p.add_argument("images", nargs="+", help="image files (converted to RGB), e.g. the image_0.png of generate.py runs")
     args = p.parse_args(argv)
     try:
         parse_prompt(args.prompt)
