@@ -108,6 +108,21 @@ def test_scaling_report_writer(tmp_path):
         write_scaling([], tmp_path, "x", "cpu")
 
 
+def test_scaling_command_writes_its_report_when_every_row_is_cached(tiny_pipeline_dir, tmp_path):
+    """Rerunning scaling.py over snapshots it has all evaluated rewrites the table from the cache, evaluating
+    nothing (the cached row's made-up score could not come from an evaluation)."""
+    import shutil
+
+    from unet.cli import scaling
+    run, out = tmp_path / "run", tmp_path / "report"
+    shutil.copytree(tiny_pipeline_dir, run / "snapshots" / "step_001000")
+    (run / "train_config.json").write_text(json.dumps({"batch_size": 32}))
+    out.mkdir()
+    (out / "scaling.json").write_text(json.dumps({"rows": [_row(1000, 0.123, 20.0)]}))
+    assert scaling.main([str(run), "--out", str(out)]) == 0
+    assert "**0.123**" in (out / "scaling.md").read_text()
+
+
 def test_wall_minutes_adds_resumed_sessions(tmp_path):
     (tmp_path / "loss.csv").write_text("1,0.5,60.0\n2,0.4,120.0\n3,0.3,30.0\n4,0.2,90.0\n")
     assert wall_minutes(tmp_path, 2) == pytest.approx(2.0)
