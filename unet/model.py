@@ -49,11 +49,13 @@ class ResBlock(nn.Module):
 class Level(nn.Module):
     """One resolution of the U-Net: residual blocks, each optionally followed by a SpatialTransformer."""
 
-    def __init__(self, in_ch, out_ch, time_dim, context_dim, num_blocks, cross_attention, self_attention, heads):
+    def __init__(self, in_ch, out_ch, time_dim, context_dim, num_blocks, cross_attention, self_attention, heads,
+                 position_embedding=False):
         super().__init__()
         self.res = nn.ModuleList(ResBlock(in_ch if i == 0 else out_ch, out_ch, time_dim) for i in range(num_blocks))
         self.attn = nn.ModuleList(
-            SpatialTransformer(out_ch, context_dim, heads, out_ch // heads, self_attention=self_attention)
+            SpatialTransformer(out_ch, context_dim, heads, out_ch // heads, self_attention=self_attention,
+                               position_embedding=position_embedding)
             if cross_attention else nn.Identity()
             for _ in range(num_blocks)
         )
@@ -71,39 +73,51 @@ class UNet(ModelMixin, ConfigMixin):
 
     channels[i] is the width at level i (resolution sample_size / 2**i); cross_attention[i] and
     self_attention[i] say which levels get a SpatialTransformer and whether it self-attends first.
-    The middle always has both.
+    The middle always has both. `position_embedding` adds a 2D position embedding to the image tokens of
+    every SpatialTransformer (crossattn.PositionEmbedding2D). `pooled_text` adds the prompt's summary
+    vector to the timestep embedding, as SDXL and Imagen do, so that every ResBlock hears the prompt, the
+    levels without cross-attention too. Configs saved before these existed lack the keys and load as
+    they were made, without them.
     """
 
     @register_to_config
     def __init__(self, in_channels: int = 3, out_channels: int = 3, sample_size: int = 32,
                  channels: tuple = (32, 64, 128), blocks_per_level: int = 1,
                  cross_attention: tuple = (False, True, True), self_attention: tuple = (False, False, True),
-                 context_dim: int = 64, heads: int = 4, time_dim: int = 128):
+                 context_dim: int = 64, heads: int = 4, time_dim: int = 128, position_embedding: bool = False,
+                 pooled_text: bool = False):
         super().__init__()
         if not len(channels) == len(cross_attention) == len(self_attention):
             raise ValueError(f"channels, cross_attention and self_attention need one entry per level, got "
                              f"{len(channels)}, {len(cross_attention)}, {len(self_attention)}")
         self.time_mlp = nn.Sequential(nn.Linear(channels[0], time_dim), nn.SiLU(), nn.Linear(time_dim, time_dim))
         self.conv_in = nn.Conv2d(in_channels, channels[0], 3, padding=1)
+        self.pooled_text_proj = nn.Linear(context_dim, time_dim) if pooled_text else None
+        if pooled_text:  # zero: a model that gains it computes what it did before (unet.train.grow)
+            nn.init.zeros_(self.pooled_text_proj.weight)
+            nn.init.zeros_(self.pooled_text_proj.bias)
 
         levels = list(zip(channels, cross_attention, self_attention))
         self.down = nn.ModuleList()
         self.downsample = nn.ModuleList()
         prev = channels[0]
         for i, (ch, cross, self_attn) in enumerate(levels):
-            self.down.append(Level(prev, ch, time_dim, context_dim, blocks_per_level, cross, self_attn, heads))
+            self.down.append(Level(prev, ch, time_dim, context_dim, blocks_per_level, cross, self_attn, heads,
+                                   position_embedding))
             last = i == len(levels) - 1
             self.downsample.append(nn.Identity() if last else nn.Conv2d(ch, ch, 3, stride=2, padding=1))
             prev = ch
 
         self.mid_res1 = ResBlock(prev, prev, time_dim)
-        self.mid_attn = SpatialTransformer(prev, context_dim, heads, prev // heads, self_attention=True)
+        self.mid_attn = SpatialTransformer(prev, context_dim, heads, prev // heads, self_attention=True,
+                                           position_embedding=position_embedding)
         self.mid_res2 = ResBlock(prev, prev, time_dim)
 
         self.up = nn.ModuleList()
         self.upsample = nn.ModuleList()
         for i, (ch, cross, self_attn) in reversed(list(enumerate(levels))):
-            self.up.append(Level(prev + ch, ch, time_dim, context_dim, blocks_per_level, cross, self_attn, heads))
+            self.up.append(Level(prev + ch, ch, time_dim, context_dim, blocks_per_level, cross, self_attn, heads,
+                                 position_embedding))
             self.upsample.append(nn.Conv2d(ch, channels[i - 1], 3, padding=1) if i > 0 else nn.Identity())
             prev = channels[i - 1] if i > 0 else ch
 
@@ -124,6 +138,11 @@ class UNet(ModelMixin, ConfigMixin):
         t = t.expand(B)
         t_emb = self.time_mlp(timestep_embedding(t, self.config.channels[0]).to(sample.dtype))  # (B, time_dim)
         context = encoder_hidden_states  # (B, T, context_dim): Keys/Values for every cross-attention
+        if self.pooled_text_proj is not None:
+            # The last token's hidden state summarises the prompt: in a causal encoder (CLIP) it has seen every
+            # word. With padding to the maximum length it is a pad token after the end token, which CLIP's
+            # pooled output takes instead; unpadded, it is the end token itself.
+            t_emb = t_emb + self.pooled_text_proj(context[:, -1])  # (B, time_dim)
 
         h = self.conv_in(sample)
         skips = []

@@ -76,6 +76,9 @@ class TrainConfig:
     text_width: int = 64
     text_layers: int = 2
     heads: int = 4
+    position_embedding: bool = False  # 2D position embedding on the image tokens of every SpatialTransformer
+    pooled_text: bool = False  # the prompt's summary vector (last token's hidden state) joins the timestep's
+    grown_from: str | None = None  # "RUN@STEP": the trained run this one continues with added parts (`grow`)
     sample_prompts: list = field(default_factory=lambda: [
         "a red circle", "a blue square", "a green triangle", "a yellow circle on the left",
         "a red circle left of a blue square", "a green square above a yellow triangle",
@@ -188,8 +191,34 @@ def build_components(cfg: TrainConfig, folder: Path):
         text_encoder = new_text_encoder(tokenizer, cfg.text_width, cfg.text_layers, cfg.heads, 4 * cfg.text_width)
     unet = UNet(sample_size=cfg.size, channels=tuple(cfg.channels), cross_attention=tuple(cfg.cross_attention),
                 self_attention=tuple(cfg.self_attention), context_dim=text_encoder.config.hidden_size,
-                heads=cfg.heads)
+                heads=cfg.heads, position_embedding=cfg.position_embedding, pooled_text=cfg.pooled_text)
     return tokenizer, text_encoder, unet
+
+
+# Parameters a resumed run may lack in its checkpoint: the parts `grow` can add to a trained model without
+# changing what it computes (position embeddings and the pooled text projection start at zero, a new
+# self-attention's output projection is zeroed).
+GROWABLE = (".position.", ".pooled_text_proj.", ".attn1.", ".norm1.")
+
+
+def grow(module: torch.nn.Module, loaded: set[str], prefix: str) -> list[str]:
+    """Make the parameters of `module` that the checkpoint lacked (`loaded`: the names it had) start at identity.
+
+    Returns their names. A position embedding is zero from its constructor; a new self-attention's output
+    projection is zeroed here, so the block adds nothing until training finds a use for it (as ControlNet's
+    zero convolutions do). Any other missing parameter is an error: it would start from random weights.
+    """
+    new = [n for n, _ in module.named_parameters() if f"{prefix}.{n}" not in loaded]
+    wrong = [n for n in new if not any(g in f".{n}" for g in GROWABLE)]
+    if wrong:
+        raise ValueError(f"the checkpoint lacks {len(wrong)} weights of this model (e.g. {prefix}.{wrong[0]}) that "
+                         "cannot start at identity: it was made for another architecture; only position "
+                         "embeddings, pooled text and self-attention can be added to a trained run")
+    for name, sub in module.named_modules():
+        if name.endswith("attn1") and f"{prefix}.{name}.to_out.0.weight" not in loaded:
+            torch.nn.init.zeros_(sub.to_out[0].weight)
+            torch.nn.init.zeros_(sub.to_out[0].bias)
+    return new
 
 
 def text_variant(cfg: TrainConfig, tokenizer, text_encoder):
@@ -201,16 +230,18 @@ def text_variant(cfg: TrainConfig, tokenizer, text_encoder):
     return text_encoder
 
 
-def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.optim.AdamW]:
-    """(trained parameters, AdamW): weight decay on the weight matrices only."""
-    params = list(unet.parameters()) + [p for p in text_encoder.parameters() if p.requires_grad]
+def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.optim.AdamW, list[str]]:
+    """(trained parameters, AdamW, the checkpoint name of each optimizer parameter id): weight decay on the
+    weight matrices only."""
+    named = [(f"unet.{n}", p) for n, p in unet.named_parameters()]
+    named += [(f"text.{n}", p) for n, p in text_encoder.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
     # decaying token and position embeddings toward 0 drags rarely seen words and the text encoder drifts
-    decay = [p for n, p in list(unet.named_parameters()) + list(text_encoder.named_parameters())
-             if p.requires_grad and p.dim() >= 2 and "embedding" not in n]
-    no_decay = [p for p in params if all(p is not q for q in decay)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    return params, optimizer
+    decay = [(n, p) for n, p in named if p.dim() >= 2 and "embedding" not in n]
+    no_decay = [(n, p) for n, p in named if all(p is not q for _, q in decay)]
+    optimizer = torch.optim.AdamW([{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
+                                   {"params": [p for _, p in no_decay], "weight_decay": 0.0}], lr=cfg.lr)
+    return params, optimizer, [n for n, _ in decay + no_decay]
 
 
 def training_data(cfg: TrainConfig) -> SceneDataset | None:
@@ -286,7 +317,7 @@ class Trainer:
         self.ema = copy.deepcopy(self.unet).requires_grad_(False)
         self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
         self.scheduler = noise_scheduler(cfg.prediction_type, cfg.zero_terminal_snr)
-        self.params, self.optimizer = build_optimizer(self.unet, self.text_encoder, cfg)
+        self.params, self.optimizer, self.param_names = build_optimizer(self.unet, self.text_encoder, cfg)
         self.dataset = training_data(cfg)
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk, once this run wrote or read one
@@ -366,15 +397,33 @@ class Trainer:
     def _load_checkpoint(self):
         tensors, metadata = checkpoint.load(self.ckpt_path)
         self.step = self.saved_step = int(metadata["step"])
+        loaded = set(tensors)
+        grown = []
         for prefix, module in (("unet", self.unet), ("text", self.text_encoder), ("ema", self.ema),
                                ("ema_text", self.ema_text)):
-            module.load_state_dict({k[len(prefix) + 1:]: v for k, v in tensors.items()
-                                    if k.startswith(prefix + ".") and not k.startswith(prefix + "_")})
+            # a config that adds position embeddings or self-attention grows the checkpoint's model (`grow`)
+            new = grow(module, loaded, prefix)
+            missing, unexpected = module.load_state_dict(
+                {k[len(prefix) + 1:]: v for k, v in tensors.items()
+                 if k.startswith(prefix + ".") and not k.startswith(prefix + "_")}, strict=False)
+            grown += new
+            if set(missing) - set(new):
+                raise ValueError(f"{self.ckpt_path} lacks {prefix}.{sorted(set(missing) - set(new))[0]}: it is not a "
+                                 "checkpoint of this model")
+            if unexpected:
+                raise ValueError(f"{self.ckpt_path} holds weights this model lacks (e.g. {prefix}.{unexpected[0]}): "
+                                 "its train_config.json does not describe the checkpoint's architecture")
+        if grown:
+            print(f"grown from the model of step {self.step}: {len(grown)} new weight tensors (with the EMA's) "
+                  "start at identity")
+        # Optimizer moments are saved by parameter id, in `build_optimizer`'s order. The checkpoint's ids are
+        # that order without the grown parameters (they are only ever added), so map through the names.
+        saved_names = [n for n in self.param_names if n in loaded]
         state = self.optimizer.state_dict()
-        for pid in (pid for group in state["param_groups"] for pid in group["params"]):
-            keys = [k for k in tensors if k.startswith(f"opt.{pid}.")]
+        for saved_pid, name in enumerate(saved_names):
+            keys = [k for k in tensors if k.startswith(f"opt.{saved_pid}.")]
             if keys:
-                state["state"][pid] = {k.split(".", 2)[2]: tensors[k] for k in keys}
+                state["state"][self.param_names.index(name)] = {k.split(".", 2)[2]: tensors[k] for k in keys}
         self.optimizer.load_state_dict(state)
         self.noise_gen.set_state(tensors["rng.noise"])
         torch.set_rng_state(tensors["rng.torch"])

@@ -4,19 +4,31 @@
     accelerate launch scripts/train.py --out runs/scenes-32            # GPUs / machines
     python scripts/train.py --out runs/scenes-32 --steps 5000 --resume  # continue (or extend) a run
     python scripts/train.py --make-data data/scenes --num-samples 30000 # write a dataset folder
+    python scripts/train.py --grow-from runs/v1 --out runs/v1-pos --position-embedding --steps 16600
+
+--grow-from continues a trained run in a new folder (the old one is only read) with parts added that
+start at identity -- position embeddings, pooled text, self-attention at more levels -- or another
+data mix: the same step, batches, optimizer moments and random streams, so it pairs step for step
+with the run it came from. That is how the levers are measured on a trained model (README, "Levers").
 """
 
 import argparse
+import dataclasses
+import json
 import shutil
 import sys
 from dataclasses import fields
 from pathlib import Path
 
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
+from unet import checkpoint
 from unet.data import SceneDataset
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import progress_bars
-from unet.train import TrainConfig, Trainer, check_resumable
+from unet.train import TrainConfig, Trainer, check_resumable, resumed_config
+
+# what --grow-from may change in the run it continues; None in the parser means "as that run had it"
+GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "caption_dropout")
 
 
 def parse_args(argv=None):
@@ -28,18 +40,90 @@ def parse_args(argv=None):
     p.add_argument("--make-data", metavar="DIR", help="only write --num-samples scenes to DIR and exit")
     p.add_argument("--clip", default=None, help="local CLIP folder (tokenizer + text encoder) to use frozen")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
+    p.add_argument("--grow-from", metavar="RUN", default=None,
+                   help="continue the run folder RUN in the new folder --out, with the changes given among "
+                        "--position-embedding, --pooled-text, --self-attention-levels, --single-share, "
+                        "--caption-dropout "
+                        "(everything else as RUN has it); RUN is only read")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for f in fields(TrainConfig):
         if f.name in ("out", "data", "clip", "resume", "sample_prompts") or isinstance(f.default, tuple):
             continue
+        default = None if f.name in GROWTH else f.default
         if isinstance(f.default, bool):
-            p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=f.default,
+            p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=default,
                            help=f"(default: {f.default})")
             continue
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+        if f.name == "grown_from":
+            continue
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=default,
                        help=f"(default: {f.default})")
     p.add_argument("--channels", type=int, nargs="+", default=list(defaults.channels), help="width per level")
+    p.add_argument("--self-attention-levels", type=int, nargs="*", default=None, metavar="LEVEL",
+                   help="levels (0 = full resolution) whose transformers self-attend before they cross-attend; "
+                        f"the middle always does (default: {levels(defaults.self_attention)})")
     return p.parse_args(argv)
+
+
+def levels(flags) -> list[int]:
+    return [i for i, on in enumerate(flags) if on]
+
+
+def self_attention_flags(chosen: list[int], count: int) -> tuple:
+    """--self-attention-levels as one flag per level; UsageError for a level the U-Net does not have."""
+    bad = [i for i in chosen if not 0 <= i < count]
+    if bad:
+        raise UsageError(f"--self-attention-levels {bad[0]}: the U-Net has levels 0 to {count - 1} "
+                         f"(one per --channels entry)")
+    return tuple(i in chosen for i in range(count))
+
+
+def training_config(args) -> TrainConfig:
+    """The TrainConfig the command line asks for; with --grow-from, RUN's own, changed only as given."""
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    values["channels"] = tuple(values["channels"])
+    if args.grow_from is None:
+        defaults = TrainConfig()
+        for name in GROWTH:
+            if values.get(name) is None:
+                values[name] = getattr(defaults, name)
+        if args.self_attention_levels is not None:
+            values["self_attention"] = self_attention_flags(args.self_attention_levels, len(values["channels"]))
+        return TrainConfig(**values)
+    if args.resume:
+        raise UsageError("--grow-from starts a new run folder from RUN; --resume continues --out itself: give one")
+    source = Path(args.grow_from)
+    check_resumable(source)
+    saved = json.loads((source / "train_config.json").read_text())
+    cfg = resumed_config(TrainConfig(out=args.out, steps=args.steps, max_minutes=args.max_minutes), saved)
+    step = checkpoint.read_metadata(source / "checkpoint.safetensors")[0]["step"]
+    changes = {name: values[name] for name in GROWTH if values.get(name) is not None}
+    if args.self_attention_levels is not None:
+        flags = self_attention_flags(args.self_attention_levels, len(cfg.channels))
+        dropped = [i for i in levels(cfg.self_attention) if not flags[i]]
+        if dropped:
+            raise UsageError(f"--self-attention-levels must keep the levels {source} self-attends at "
+                             f"({levels(cfg.self_attention)}); dropping level {dropped[0]} would lose trained weights")
+        changes["self_attention"] = flags
+    for name in ("position_embedding", "pooled_text"):
+        if getattr(cfg, name) and changes.get(name) is False:
+            flag = name.replace("_", "-")
+            raise UsageError(f"{source} has --{flag}; --no-{flag} would lose trained weights")
+    if int(step) >= cfg.steps:
+        raise UsageError(f"--steps {cfg.steps}: {source} is at step {step} already; give --steps above it")
+    return dataclasses.replace(cfg, **changes, grown_from=f"{source}@{step}", resume=False)
+
+
+def start_grown(cfg: TrainConfig, source: Path) -> TrainConfig:
+    """Make the run folder of a --grow-from: RUN's checkpoint and loss log, this run's config. Returns the
+    config to resume it with."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source / "checkpoint.safetensors", out / "checkpoint.safetensors")
+    if (source / "loss.csv").exists():
+        shutil.copy2(source / "loss.csv", out / "loss.csv")  # trimmed to the checkpoint's step when training starts
+    (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    return dataclasses.replace(cfg, resume=True)
 
 
 def check_config(cfg: TrainConfig) -> None:
@@ -98,10 +182,10 @@ def _main(args) -> int:
                 raise ValueError("--make-data needs --num-samples N > 0")
             check_out_dir(args.make_data, "--make-data")
             return make_data(args)
-        values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
-        values["channels"] = tuple(values["channels"])
-        cfg = TrainConfig(**values)
+        cfg = training_config(args)
         check_config(cfg)
+        if args.grow_from is not None and Path(cfg.out).exists() and any(Path(cfg.out).iterdir()):
+            raise UsageError(f"--out {cfg.out} is not empty: --grow-from starts a new run folder")
     except (ValueError, OSError, UsageError) as e:
         return usage_error(e)
     except KeyboardInterrupt as e:
@@ -109,6 +193,8 @@ def _main(args) -> int:
     out = Path(cfg.out)
     before = _entries(out)
     try:
+        if args.grow_from is not None:
+            cfg = start_grown(cfg, Path(args.grow_from))
         trainer = Trainer(cfg)
     except (ValueError, OSError, KeyError, RuntimeError) as e:  # RuntimeError: weights of another shape
         remove_new(out, before)

@@ -1,0 +1,216 @@
+"""Position embeddings and growing a trained run (#17): new parts start at identity, save and load through
+`from_pretrained`, keep `--resume` exact, and configs saved before them load as the old architecture."""
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from crossattn import PositionEmbedding2D, SpatialTransformer
+from unet.cli import train as train_script
+from unet.model import UNet
+from unet.pipeline import load_pipeline
+from unet.train import Trainer
+
+TINY_UNET = dict(sample_size=16, channels=(8, 16), cross_attention=(True, True), self_attention=(False, True),
+                 context_dim=16, heads=2)
+
+
+def unet_inputs(batch=2, size=16):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(batch, 3, size, size, generator=g), torch.tensor([10, 700][:batch]),
+            torch.randn(batch, 5, 16, generator=g))
+
+
+def test_position_sinusoids_tell_every_token_apart_at_any_size():
+    pos = PositionEmbedding2D(8)
+    for h, w in ((8, 8), (16, 16), (8, 12)):
+        table = pos.sinusoids(h, w)  # (HW, 4F)
+        assert table.shape == (h * w, 4 * pos.frequencies)
+        assert torch.cdist(table, table).add(torch.eye(h * w) * 1e3).min() > 0.1  # no two tokens alike
+    # the lowest frequency is one half-wave across the image: its sine is the sign of x, whatever the size
+    for w in (8, 16):
+        x_sine = pos.sinusoids(1, w)[:, pos.frequencies]  # (W,): sin(pi/2 * x) of the x coordinate
+        assert (x_sine[: w // 2] < 0).all() and (x_sine[w // 2:] > 0).all()
+        assert torch.allclose(x_sine, -x_sine.flip(0), atol=1e-6)
+
+
+def test_position_embedding_starts_as_the_identity_then_learns():
+    torch.manual_seed(0)
+    plain = SpatialTransformer(16, 8, heads=2, head_dim=8)
+    with_pos = SpatialTransformer(16, 8, heads=2, head_dim=8, position_embedding=True)
+    missing, unexpected = with_pos.load_state_dict(plain.state_dict(), strict=False)
+    assert set(missing) == {"position.proj.weight", "position.proj.bias"} and not unexpected
+    torch.nn.init.normal_(plain.proj_out.weight)  # a trained block: its output is not zero
+    with_pos.proj_out.load_state_dict(plain.proj_out.state_dict())
+    x, context = torch.randn(2, 16, 4, 4), torch.randn(2, 3, 8)
+    assert torch.equal(with_pos(x, context), plain(x, context))
+    with_pos(x, context).square().sum().backward()
+    assert with_pos.position.proj.weight.grad.abs().sum() > 0  # the zero layer gets a gradient
+    with torch.no_grad():
+        with_pos.position.proj.weight.normal_()
+    assert not torch.allclose(with_pos(x, context), plain(x, context))
+
+
+@pytest.mark.parametrize("part, key, count", [("position_embedding", "position", 2 * 5),  # 4 level blocks + middle
+                                               ("pooled_text", "pooled_text_proj", 2)])
+def test_unet_new_parts_save_and_load(tmp_path, part, key, count):
+    unet = UNet(**TINY_UNET, **{part: True})
+    with torch.no_grad():
+        for name, p in unet.named_parameters():
+            if key in name or "proj_out" in name:
+                p.normal_(std=0.1)  # as if trained: zero layers would hide a lost weight
+    unet.save_pretrained(tmp_path / "unet")
+    loaded = UNet.from_pretrained(tmp_path / "unet")
+    assert getattr(loaded.config, part) is True
+    assert sum(key in n for n, _ in loaded.named_parameters()) == count
+    x, t, c = unet_inputs()
+    assert torch.equal(loaded(x, t, c), unet(x, t, c))
+    # the trained new weights matter: the same model without them computes something else
+    plain = UNet(**TINY_UNET)
+    plain.load_state_dict(unet.state_dict(), strict=False)
+    assert not torch.allclose(plain(x, t, c), unet(x, t, c), atol=1e-4)
+
+
+def test_pooled_text_starts_silent_then_reaches_every_resblock():
+    unet = UNet(**TINY_UNET, pooled_text=True)
+    plain = UNet(**TINY_UNET)
+    plain.load_state_dict(unet.state_dict(), strict=False)
+    x, t, c = unet_inputs()
+    assert torch.equal(unet(x, t, c), plain(x, t, c))  # zero projection: the old model's output
+    with torch.no_grad():
+        unet.pooled_text_proj.weight.normal_()
+    seen = []  # what a ResBlock receives as its timestep embedding
+    unet.mid_res1.time_proj.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    last, first = c.clone(), c.clone()
+    last[:, -1] += 1.0
+    first[:, 0] += 1.0
+    for context in (c, last, first):
+        unet(x, t, context)
+    assert not torch.allclose(seen[0], seen[1])  # the last token's state is the summary
+    assert torch.equal(seen[0], seen[2])  # the other tokens reach the blocks through cross-attention only
+
+
+def test_config_saved_before_position_embeddings_loads_the_old_architecture(tiny_pipeline_dir, tmp_path):
+    """A pipeline folder whose unet config lacks `position_embedding` (the shipped scenes-32 and every folder
+    saved before it existed) loads without position modules and samples the images it sampled before."""
+    import shutil
+    old = tmp_path / "old"
+    shutil.copytree(tiny_pipeline_dir, old)
+    config_path = old / "unet" / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("position_embedding", None)
+    config_path.write_text(json.dumps(config))
+    before, after = load_pipeline(tiny_pipeline_dir), load_pipeline(old)
+    assert not any("position" in n for n, _ in after.unet.named_parameters())
+    assert after.unet.config.position_embedding is False
+    images = [p("a red circle", generator=torch.Generator().manual_seed(3), num_inference_steps=3,
+                output_type="np", show_progress=False).images for p in (before, after)]
+    assert (images[0] == images[1]).all()
+    shipped = json.loads((load_pipeline.__globals__["PRETRAINED"] / "unet" / "config.json").read_text())
+    assert shipped.get("position_embedding", False) is False  # the shipped model is of the old architecture
+
+
+TINY_TRAIN = ["--size", "16", "--channels", "8", "16", "16", "--text-width", "16", "--text-layers", "1", "--heads", "2",
+              "--max-length", "16", "--batch-size", "4", "--warmup", "1", "--num-samples", "64", "--sample-every",
+              "1000", "--checkpoint-every", "1000", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny run of 3 steps of the old architecture (no position embedding, self-attention at level 2)."""
+    run = tmp_path_factory.mktemp("growth") / "base"
+    assert train_script.main(["--out", str(run), *TINY_TRAIN, "--steps", "3"]) == 0
+    return run
+
+
+def predictions(trainer: Trainer):
+    x, t, c = unet_inputs()
+    with torch.no_grad():
+        return trainer.unet(x, t, c), trainer.ema(x, t, c)
+
+
+def test_grown_run_starts_where_its_source_stopped(trained_run, tmp_path, capsys):
+    grown = tmp_path / "grown"
+    assert train_script.main(["--out", str(grown), "--grow-from", str(trained_run), "--position-embedding",
+                              "--pooled-text", "--self-attention-levels", "1", "2", "--single-share", "0.2", "--steps", "5",
+                              "--quiet"]) == 0
+    cfg = json.loads((grown / "train_config.json").read_text())
+    assert cfg["position_embedding"] is cfg["pooled_text"] is True and cfg["self_attention"] == [False, True, True]
+    assert cfg["single_share"] == 0.2 and cfg["grown_from"] == f"{trained_run}@3"
+    assert cfg["channels"] == [8, 16, 16] and cfg["text_width"] == 16  # everything else as the source had it
+    assert "grown from the model of step 3" in capsys.readouterr().out
+    loss = [line.split(",")[0] for line in (grown / "loss.csv").read_text().splitlines()]
+    assert loss == ["1", "2", "3", "4", "5"]  # the source's rows, then this run's
+    assert not json.loads((trained_run / "train_config.json").read_text())["position_embedding"]  # only read
+
+    # the grown model at the source's step computes exactly what the source computed
+    source = Trainer(tiny_config(trained_run, resume=True, steps=4))
+    at_start = grown_trainer(trained_run, tmp_path / "copy", "--pooled-text", "--self-attention-levels", "1", "2")
+    assert at_start.step == 3
+    for a, b in zip(predictions(source), predictions(at_start)):
+        assert torch.equal(a, b)
+
+
+def grown_trainer(source, out, *args) -> Trainer:
+    """The trainer of a --grow-from run, made as the command makes it, before it trains a step."""
+    args = train_script.parse_args(["--out", str(out), "--grow-from", str(source), "--position-embedding",
+                                    "--steps", "4", *args])
+    return Trainer(train_script.start_grown(train_script.training_config(args), source))
+
+
+def test_grown_run_resumes_exactly(trained_run, tmp_path):
+    grow = ["--grow-from", str(trained_run), "--position-embedding", "--quiet"]
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert train_script.main(["--out", str(straight), *grow, "--steps", "7"]) == 0
+    assert train_script.main(["--out", str(cut), *grow, "--steps", "5"]) == 0
+    assert train_script.main(["--out", str(cut), "--resume", "--steps", "7", "--quiet"]) == 0
+    a = Trainer(tiny_config(straight, resume=True, steps=8))
+    b = Trainer(tiny_config(cut, resume=True, steps=8))
+    assert a.step == b.step == 7
+    for p, q in zip(a.ema.parameters(), b.ema.parameters()):
+        assert torch.equal(p, q)
+    moments = [s["exp_avg"] for s in a.optimizer.state_dict()["state"].values()]
+    assert moments and all(torch.equal(m, n["exp_avg"]) for m, n in
+                           zip(moments, b.optimizer.state_dict()["state"].values()))
+    saved = [n for n in a.param_names if "position" in n]
+    assert saved and all(a.optimizer.state_dict()["state"][a.param_names.index(n)]["exp_avg"].abs().sum() > 0
+                         for n in saved)  # the new parts trained and their moments were saved and reloaded
+
+
+def test_growth_keeps_the_optimizer_moments_of_every_old_weight(trained_run, tmp_path):
+    source = Trainer(tiny_config(trained_run, resume=True, steps=4))
+    before = {n: source.optimizer.state_dict()["state"][i]["exp_avg_sq"] for i, n in enumerate(source.param_names)}
+    after = grown_trainer(trained_run, tmp_path / "grown", "--self-attention-levels", "1", "2")
+    state = after.optimizer.state_dict()["state"]
+    assert len(after.param_names) > len(source.param_names)
+    for i, name in enumerate(after.param_names):
+        if name in before:
+            assert torch.equal(state[i]["exp_avg_sq"], before[name]), name
+        else:
+            assert i not in state  # a new weight starts with fresh moments
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--self-attention-levels", "1"], "must keep the levels"),
+    (["--self-attention-levels", "1", "5"], "levels 0 to 2"),
+    (["--steps", "3"], "at step 3 already"),
+    (["--resume"], "give one"),
+])
+def test_grow_from_refuses_what_would_lose_weights(trained_run, tmp_path, capsys, args, message):
+    out = tmp_path / "grown"
+    rc = train_script.main(["--out", str(out), "--grow-from", str(trained_run), "--quiet", "--steps", "6", *args])
+    assert rc == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_resume_refuses_a_checkpoint_of_another_architecture(trained_run, tmp_path, capsys):
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    config = json.loads((run / "train_config.json").read_text())
+    config["channels"] = [8, 16, 24]  # not something growth can add
+    (run / "train_config.json").write_text(json.dumps(config))
+    assert train_script.main(["--out", str(run), "--resume", "--steps", "5", "--quiet"]) == 2
+    assert "error" in capsys.readouterr().err
