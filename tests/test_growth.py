@@ -2,6 +2,7 @@
 `from_pretrained`, keep `--resume` exact, and configs saved before them load as the old architecture."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from unet.model import UNet
 from unet.pipeline import load_pipeline
 from unet.train import Trainer
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY_UNET = dict(sample_size=16, channels=(8, 16), cross_attention=(True, True), self_attention=(False, True),
                  context_dim=16, heads=2)
 
@@ -108,8 +110,22 @@ def test_config_saved_before_position_embeddings_loads_the_old_architecture(tiny
     images = [p("a red circle", generator=torch.Generator().manual_seed(3), num_inference_steps=3,
                 output_type="np", show_progress=False).images for p in (before, after)]
     assert (images[0] == images[1]).all()
-    shipped = json.loads((load_pipeline.__globals__["PRETRAINED"] / "unet" / "config.json").read_text())
-    assert shipped.get("position_embedding", False) is False  # the shipped model is of the old architecture
+
+
+def test_shipped_model_samples_what_it_sampled_before_the_new_parts():
+    """tests/data/shipped_before_growth.png: the shipped scenes-32 sampled by the code before position
+    embeddings and pooled text existed (commit c9db371), seed 0, 10 DDIM steps. Other CPUs round differently,
+    so the bound is a little above float noise; a changed architecture or sampler moves far more."""
+    import numpy as np
+    from PIL import Image
+    pipe = load_pipeline(show_progress=False)
+    assert not any("position" in n or "pooled" in n for n, _ in pipe.unet.named_parameters())
+    assert not pipe.unet.config.position_embedding and not pipe.unet.config.pooled_text
+    images = pipe(["a red circle left of a blue square", "a green triangle"], num_inference_steps=10,
+                  generator=torch.Generator().manual_seed(0), output_type="np", show_progress=False).images
+    now = np.concatenate(list(images), axis=1) * 255
+    before = np.asarray(Image.open(ROOT / "tests" / "data" / "shipped_before_growth.png"), dtype=np.float64)
+    assert np.abs(now - before).mean() < 0.6 and np.abs(now - before).max() < 8
 
 
 TINY_TRAIN = ["--size", "16", "--channels", "8", "16", "16", "--text-width", "16", "--text-layers", "1", "--heads", "2",
