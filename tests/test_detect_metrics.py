@@ -5,7 +5,7 @@ import torch
 from crossattn.metrics import iou, mass, pointing, score_maps
 from unet.data import SceneSampler, render
 from unet.eval.detect import Detection, detect, relative_position
-from unet.eval.prompts import EvalPrompt, check, eval_prompts, word_objects
+from unet.eval.prompts import EvalPrompt, check, eval_prompts, relation_response, word_objects
 
 
 def test_detector_on_known_scenes():
@@ -77,3 +77,22 @@ def test_iou_pointing_mass_known_answers():
     scores = score_maps([(perfect, mask), (wrong, mask)], 0.5)
     assert scores["miou"] == pytest.approx(0.5) and scores["pointing"] == pytest.approx(0.5) and scores["n"] == 2
     assert set(scores["sweep"]) == {"0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8"}
+
+
+def test_relation_response_tells_an_ignored_word_from_an_obeyed_one():
+    def record(relation, first, second):  # centres (x, y) of the first- and second-named objects
+        return {"relation": relation, "centers": [first, second]}
+    left, right, top, bottom = (5.0, 16.0), (27.0, 16.0), (16.0, 5.0), (16.0, 27.0)
+    obeyed = [record("left of", left, right), record("right of", right, left), record("above", top, bottom),
+              record("below", bottom, top)] * 3
+    r = relation_response(obeyed)
+    assert r["horizontal"] == {"response": 1.0, "images": 6} and r["vertical"]["response"] == 1.0
+    # the same layouts whatever the word (the noise alone places the objects): 0, though half are "right"
+    ignored = [record(rel, left, right) for rel in ("left of", "right of")] + \
+              [record(rel, right, left) for rel in ("left of", "right of")]
+    assert relation_response(ignored)["horizontal"]["response"] == 0.0
+    reversed_ = [record("left of", right, left), record("right of", left, right)]
+    assert relation_response(reversed_)["horizontal"]["response"] == -1.0
+    # an object not found, or no image of one of the words: not counted / no response
+    partial = [record("left of", left, None), record("left of", left, right), {"relation": None}]
+    assert relation_response(partial)["horizontal"] == {"response": None, "images": 1}

@@ -31,8 +31,9 @@ def test_quick_evaluation_writes_well_formed_report(tiny_pipeline_dir, tmp_path)
         assert len({block[kind]["n"] for block in blocks}) == 1
         expected = sum(in_kind(s.caption.split()[i]) for s in scenes for i in s.word_objects)
         assert report["maps_dataset"][kind]["n"] == expected > 0  # dataset masks are exact: every word scored
+    assert set(pf["relation_response"]) == {"horizontal", "vertical"}
     md = (out / "report.md").read_text()
-    assert "| overall" in md.replace("**", "") and "daam" in md
+    assert "| overall" in md.replace("**", "") and "daam" in md and "Relation response" in md
     assert Image.open(out / "tasks.png").width > 300
 
 
@@ -51,6 +52,9 @@ def test_quick_evaluation_of_the_shipped_model_detects_objects():
     report, records, _, _ = run_evaluation(load_pipeline(show_progress=False), seeds=1, steps=10, dataset_images=4,
                                            quick=True, progress=False)
     assert sum(r["ok"] for r in records) >= 1 and report["prompt_following"]["overall"] > 0
+    found = [r for r in records if r["task"] == "position" and None not in r["centers"]]
+    assert report["prompt_following"]["relation_response"]["horizontal"]["images"] + \
+        report["prompt_following"]["relation_response"]["vertical"]["images"] == len(found)
     assert report["maps"]["shape_words"]["n"] >= 1  # at least one detected object had its word's map scored
 
 

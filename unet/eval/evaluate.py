@@ -29,7 +29,16 @@ from .map_scoring import (
     one_pass,
     self_attention_entropy,
 )
-from .prompts import TASKS, EvalPrompt, background_grain, check, eval_prompts, prompt_following, word_objects
+from .prompts import (
+    TASKS,
+    EvalPrompt,
+    background_grain,
+    check,
+    eval_prompts,
+    prompt_following,
+    relation_response,
+    word_objects,
+)
 
 DATASET_TIMESTEPS = (100, 200, 300, 500)  # the dataset read-out's sweep: which noise level reads best
 
@@ -51,7 +60,8 @@ def generate_batches(pipe, prompts: list[EvalPrompt], seeds: int, base_seed: int
             p = chunk[i // seeds]
             found = detect(image)
             ok, matched = check(p, found)
-            records.append({"task": p.task, "prompt": p.prompt, "ok": ok, "image": image,
+            records.append({"task": p.task, "prompt": p.prompt, "ok": ok, "image": image, "relation": p.relation,
+                            "centers": [None if m is None else m.center for m in matched],
                             "grain": background_grain(image, found), "batch": len(batches), "index": i})
             words = prompt_words(pipe.tokenizer, p.prompt)
             for w_index, obj in word_objects(p.prompt).items():
@@ -97,7 +107,7 @@ def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None
         sweep[str(t)] = {k: {kind: {m: scores[k][kind][m] for m in ("miou", "pointing", "mass")}
                              for kind in ("shape_words", "color_words")} for k in ("ours", "refined")}
     report = {
-        "prompt_following": prompt_following(records),
+        "prompt_following": {**prompt_following(records), "relation_response": relation_response(records)},
         "maps": {**generated["ours"], "aggregation": selection_name},
         "readouts": {name: {**generated[name], "params": readouts[name][0]} for name in READOUTS},
         "baselines": {name: generated[name] for name in BASELINES},

@@ -82,6 +82,31 @@ def background_grain(image: np.ndarray, detections: list[Detection], margin: int
 # --- map methods: each returns (B, T, H, W) token maps from the same recorded attention
 
 
+# which side of the second object each relation puts the first one on: (axis of Detection.center, sign)
+RELATION_SIDES = {"left of": (0, -1), "right of": (0, 1), "above": (1, -1), "below": (1, 1)}
+
+
+def relation_response(records) -> dict:
+    """Does the relation word move the objects at all? Per axis, over position images where both objects were
+    found: P(first object on the side "left of" names | "left of") - P(same side | "right of"), and likewise
+    "above" against "below". 0: the word is ignored (a model that places objects at random, or by the noise
+    alone, whatever the word); 1: always obeyed. Position accuracy alone cannot tell a model that ignores the
+    word from one that follows it half the time; this can. None on an axis without images of both words."""
+    result = {}
+    for axis, (first, second) in (("horizontal", ("left of", "right of")), ("vertical", ("above", "below"))):
+        shares, images = [], 0
+        for relation in (first, second):
+            index, _ = RELATION_SIDES[relation]
+            sign = RELATION_SIDES[first][1]
+            offsets = [r["centers"][0][index] - r["centers"][1][index] for r in records
+                       if r.get("relation") == relation and r.get("centers") and None not in r["centers"]]
+            images += len(offsets)
+            shares.append(np.mean([np.sign(o) == sign for o in offsets]) if offsets else None)
+        response = None if None in shares else float(shares[0] - shares[1])
+        result[axis] = {"response": response, "images": images}
+    return result
+
+
 def prompt_following(records) -> dict:
     result = {"n_images": {}}
     for task in TASKS:

@@ -107,6 +107,11 @@ def markdown(report: dict, title: str) -> str:
         g = pf["background_grain"]
         lines += [f"Background grain (mean |pixel| off the detected objects, 0-255; the data's is 0): "
                   f"mean {g['mean']:.2f}, 90th percentile {g['p90']:.2f}.", ""]
+    if "relation_response" in pf:  # reports written before it have none
+        cells = [f"{axis} {_fmt(v['response'])} ({v['images']} images)" for axis, v in pf["relation_response"].items()]
+        lines += ["Relation response (P(first object on the named side | the word) - P(same side | the opposite "
+                  "word), position images with both objects found; 0 = the word is ignored, 1 = obeyed): "
+                  + ", ".join(cells) + ".", ""]
     lines += [maps_markdown(report).replace("### ", "## ")]
     sweep = report["maps"]["shape_words"]["sweep"]
     lines += ["## Threshold sweep (ours, shape words, generated images; fraction of each map's maximum)", "",
