@@ -129,7 +129,8 @@ def test_resume_to_a_step_already_reached_is_refused(tmp_path, capsys, steps, me
 
 # --- 3. checkpoint integrity
 def test_committed_parts_join_and_resume_where_the_run_stopped(tmp_path):
-    """The training checkpoint the repository carries (outputs/examples/training/checkpoint-v1) joins, checks and resumes."""
+    """The training checkpoint the repository carries (outputs/examples/training/checkpoint-v1) joins, checks and
+    resumes."""
     from unet.cli import checkpoint_parts
     from unet.train import TrainConfig, Trainer
     parts = ROOT / "outputs" / "examples" / "training" / "checkpoint-v1"
