@@ -73,6 +73,25 @@ def generate_batches(pipe, prompts: list[EvalPrompt], seeds: int, base_seed: int
     return records, batches
 
 
+@torch.no_grad()
+def relation_word_similarity(pipe) -> dict[str, float]:
+    """Cosine similarity of the text encoder's hidden states for the opposite relation words of
+    "a circle left of a square" / "... right of ..." (and above / below), at the relation word's first token.
+    Near 1 the U-Net receives the same vector for both words, so no image-side change can make it follow them."""
+    result = {}
+    for first, second in (("left of", "right of"), ("above", "below")):
+        prompts = [f"a circle {first} a square", f"a circle {second} a square"]
+        ids = pipe.tokenizer(prompts, padding="max_length", max_length=pipe.tokenizer.model_max_length,
+                             truncation=True, return_tensors="pt").input_ids.to(pipe.device)
+        differ = (ids[0] != ids[1]).nonzero()
+        if not len(differ):  # a tokenizer that cannot tell them apart: identical inputs
+            result[f"{first.split()[0]}/{second.split()[0]}"] = 1.0
+            continue
+        hidden = pipe.text_encoder(ids).last_hidden_state[:, int(differ[0])]  # (2, D) at the first token they differ
+        result[f"{first.split()[0]}/{second.split()[0]}"] = float(torch.cosine_similarity(hidden[0], hidden[1], dim=0))
+    return result
+
+
 def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None = None, dataset_images: int = 64,
                    dataset_timestep: int = 300, quick: bool = False, progress: bool = True):
     """Everything in the report: returns (report dict, per-image records, recorded batches, our selection)."""
@@ -107,7 +126,8 @@ def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None
         sweep[str(t)] = {k: {kind: {m: scores[k][kind][m] for m in ("miou", "pointing", "mass")}
                              for kind in ("shape_words", "color_words")} for k in ("ours", "refined")}
     report = {
-        "prompt_following": {**prompt_following(records), "relation_response": relation_response(records)},
+        "prompt_following": {**prompt_following(records), "relation_response": relation_response(records),
+                             "relation_word_similarity": relation_word_similarity(pipe)},
         "maps": {**generated["ours"], "aggregation": selection_name},
         "readouts": {name: {**generated[name], "params": readouts[name][0]} for name in READOUTS},
         "baselines": {name: generated[name] for name in BASELINES},

@@ -112,6 +112,11 @@ def markdown(report: dict, title: str) -> str:
         lines += ["Relation response (P(first object on the named side | the word) - P(same side | the opposite "
                   "word), position images with both objects found; 0 = the word is ignored, 1 = obeyed): "
                   + ", ".join(cells) + ".", ""]
+    if "relation_word_similarity" in pf:
+        cells = [f"{pair} {v:.3f}" for pair, v in pf["relation_word_similarity"].items()]
+        lines += ["Relation words as the U-Net receives them (cosine similarity of the text encoder's hidden states "
+                  "at the word, 'a circle left of a square' against 'right of'; 1 = the same vector): "
+                  + ", ".join(cells) + ".", ""]
     lines += [maps_markdown(report).replace("### ", "## ")]
     sweep = report["maps"]["shape_words"]["sweep"]
     lines += ["## Threshold sweep (ours, shape words, generated images; fraction of each map's maximum)", "",
