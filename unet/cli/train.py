@@ -9,7 +9,7 @@
 --grow-from continues a trained run in a new folder (the old one is only read) with parts added that
 start at identity -- position embeddings, pooled text, self-attention at more levels -- or another
 data mix: the same step, batches, optimizer moments and random streams, so it pairs step for step
-with the run it came from. That is how the levers are measured on a trained model (README, "Levers").
+with the run it came from. That is how the levers are measured on a trained model (README, "Session 3").
 """
 
 import argparse
