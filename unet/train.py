@@ -401,7 +401,7 @@ class Trainer:
         grown = []
         for prefix, module in (("unet", self.unet), ("text", self.text_encoder), ("ema", self.ema),
                                ("ema_text", self.ema_text)):
-            # a config that adds position embeddings or self-attention grows the checkpoint's model (`grow`)
+            # a config that adds position embeddings, pooled text or self-attention grows the checkpoint's model
             new = grow(module, loaded, prefix)
             missing, unexpected = module.load_state_dict(
                 {k[len(prefix) + 1:]: v for k, v in tensors.items()

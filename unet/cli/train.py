@@ -47,14 +47,12 @@ def parse_args(argv=None):
                         "(everything else as RUN has it); RUN is only read")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for f in fields(TrainConfig):
-        if f.name in ("out", "data", "clip", "resume", "sample_prompts") or isinstance(f.default, tuple):
+        if f.name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from") or isinstance(f.default, tuple):
             continue
         default = None if f.name in GROWTH else f.default
         if isinstance(f.default, bool):
             p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=default,
                            help=f"(default: {f.default})")
-            continue
-        if f.name == "grown_from":
             continue
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=default,
                        help=f"(default: {f.default})")

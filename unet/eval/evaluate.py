@@ -30,6 +30,7 @@ from .map_scoring import (
     self_attention_entropy,
 )
 from .prompts import (
+    OPPOSITE_RELATIONS,
     TASKS,
     EvalPrompt,
     background_grain,
@@ -79,16 +80,17 @@ def relation_word_similarity(pipe) -> dict[str, float]:
     "a circle left of a square" / "... right of ..." (and above / below), at the relation word's first token.
     Near 1 the U-Net receives the same vector for both words, so no image-side change can make it follow them."""
     result = {}
-    for first, second in (("left of", "right of"), ("above", "below")):
-        prompts = [f"a circle {first} a square", f"a circle {second} a square"]
-        ids = pipe.tokenizer(prompts, padding="max_length", max_length=pipe.tokenizer.model_max_length,
-                             truncation=True, return_tensors="pt").input_ids.to(pipe.device)
+    for first, second in OPPOSITE_RELATIONS.values():
+        key = f"{first.split()[0]}/{second.split()[0]}"  # "left/right", "above/below"
+        ids = pipe.tokenizer([f"a circle {first} a square", f"a circle {second} a square"], padding="max_length",
+                             max_length=pipe.tokenizer.model_max_length, truncation=True,
+                             return_tensors="pt").input_ids.to(pipe.device)
         differ = (ids[0] != ids[1]).nonzero()
         if not len(differ):  # a tokenizer that cannot tell them apart: identical inputs
-            result[f"{first.split()[0]}/{second.split()[0]}"] = 1.0
+            result[key] = 1.0
             continue
         hidden = pipe.text_encoder(ids).last_hidden_state[:, int(differ[0])]  # (2, D) at the first token they differ
-        result[f"{first.split()[0]}/{second.split()[0]}"] = float(torch.cosine_similarity(hidden[0], hidden[1], dim=0))
+        result[key] = float(torch.cosine_similarity(hidden[0], hidden[1], dim=0))
     return result
 
 

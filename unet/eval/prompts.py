@@ -79,11 +79,9 @@ def background_grain(image: np.ndarray, detections: list[Detection], margin: int
     return float(background.mean()) if background.size else 0.0
 
 
-# --- map methods: each returns (B, T, H, W) token maps from the same recorded attention
-
-
 # which side of the second object each relation puts the first one on: (axis of Detection.center, sign)
 RELATION_SIDES = {"left of": (0, -1), "right of": (0, 1), "above": (1, -1), "below": (1, 1)}
+OPPOSITE_RELATIONS = {"horizontal": ("left of", "right of"), "vertical": ("above", "below")}
 
 
 def relation_response(records) -> dict:
@@ -93,11 +91,10 @@ def relation_response(records) -> dict:
     alone, whatever the word); 1: always obeyed. Position accuracy alone cannot tell a model that ignores the
     word from one that follows it half the time; this can. None on an axis without images of both words."""
     result = {}
-    for axis, (first, second) in (("horizontal", ("left of", "right of")), ("vertical", ("above", "below"))):
+    for axis, (first, second) in OPPOSITE_RELATIONS.items():
+        index, sign = RELATION_SIDES[first]  # the side `first` names; `second` names the other
         shares, images = [], 0
         for relation in (first, second):
-            index, _ = RELATION_SIDES[relation]
-            sign = RELATION_SIDES[first][1]
             offsets = [r["centers"][0][index] - r["centers"][1][index] for r in records
                        if r.get("relation") == relation and r.get("centers") and None not in r["centers"]]
             images += len(offsets)
@@ -105,6 +102,9 @@ def relation_response(records) -> dict:
         response = None if None in shares else float(shares[0] - shares[1])
         result[axis] = {"response": response, "images": images}
     return result
+
+
+# --- map methods: each returns (B, T, H, W) token maps from the same recorded attention
 
 
 def prompt_following(records) -> dict:
