@@ -96,3 +96,52 @@ def test_relation_response_tells_an_ignored_word_from_an_obeyed_one():
     # an object not found, or no image of one of the words: not counted / no response
     partial = [record("left of", left, None), record("left of", left, right), {"relation": None}]
     assert relation_response(partial)["horizontal"] == {"response": None, "images": 1}
+
+
+class _LayoutPipe:
+    """Draws each prompt's two objects where its noise says, or where its relation says (`obey`): what a model
+    that ignores relation words does, and what one that follows them does, with the evaluation's call."""
+
+    def __init__(self, obey: bool):
+        self.obey = obey
+
+    def __call__(self, prompts, num_images_per_prompt, generator, **_):
+        from types import SimpleNamespace
+
+        from unet.eval.prompts import parse_prompt
+        images = []
+        coins = torch.rand(len(prompts) * num_images_per_prompt, 2, generator=generator)  # the "noise"
+        for i, coin in enumerate(coins.tolist()):
+            p = parse_prompt(prompts[i // num_images_per_prompt])
+            first_low = coin[0] < 0.5 if not self.obey else p.relation in ("left of", "above")
+            axis = 0 if p.relation in ("left of", "right of") else 1
+            spots = [[16.0, 16.0], [16.0, 16.0]]
+            spots[0][axis], spots[1][axis] = (8.0, 24.0) if first_low else (24.0, 8.0)
+            colours = ("red", "blue") if coin[1] < 0.5 else ("green", "yellow")
+            image, _ = render([(c, s, *xy, 9.0) for c, (_, s), xy in zip(colours, p.objects, spots)])
+            images.append(image / 255.0)
+        return SimpleNamespace(images=np.stack(images))
+
+
+def test_paired_relations_give_exactly_zero_for_an_ignored_word_and_one_for_an_obeyed_one():
+    from unet.eval.evaluate import paired_relations
+    ignored = paired_relations(_LayoutPipe(obey=False), seeds=3, guidance=1.0)
+    obeyed = paired_relations(_LayoutPipe(obey=True), seeds=3, guidance=1.0)
+    for axis in ("horizontal", "vertical"):
+        # 6 prompts per axis word, 3 seeds, both words: 36 images; the pairs share their noise, so an ignored
+        # word gives the same image twice, whatever side the noise put the first object on
+        assert ignored[axis]["images"] == obeyed[axis]["images"] == 36
+        assert ignored[axis]["pairs"] == obeyed[axis]["pairs"] == 18
+        assert ignored[axis] | {"pairs": 0} == {"response": 0.0, "moved": 0.0, "pixel_difference": 0.0,
+                                                "pairs": 0, "images": 36}
+        assert obeyed[axis]["response"] == 1.0 and obeyed[axis]["moved"] == 1.0
+        assert obeyed[axis]["pixel_difference"] > 1.0
+
+
+def test_paired_relation_response_counts_only_pairs_with_both_objects():
+    from unet.eval.prompts import paired_relation_response
+    # (offset under "left of", offset under "right of", pixel difference): negative = first object on the left
+    pairs = [(-10.0, 10.0, 4.0), (-10.0, -10.0, 0.0), (None, 10.0, 2.0), (10.0, None, 2.0)]
+    r = paired_relation_response(pairs, "horizontal")
+    assert r == {"response": 0.5, "moved": 0.5, "pixel_difference": 2.0, "pairs": 2, "images": 8}
+    assert paired_relation_response([(None, None, 1.0)], "vertical")["response"] is None

@@ -230,3 +230,54 @@ def test_resume_refuses_a_checkpoint_of_another_architecture(trained_run, tmp_pa
     (run / "train_config.json").write_text(json.dumps(config))
     assert train_script.main(["--out", str(run), "--resume", "--steps", "5", "--quiet"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_side_hints_grow_at_identity_then_learn_the_sides(trained_run, tmp_path):
+    """--text-variant side-hints: the trained CLIP weights load under their own names, the side embedding
+    starts at zero (the text encoder computes what it computed), then learns a vector for each side seen."""
+    from unet.ablation import SIDE_IDS, SideHints
+    source = Trainer(tiny_config(trained_run, resume=True, steps=4))
+    args = train_script.parse_args(["--out", str(tmp_path / "hints"), "--grow-from", str(trained_run),
+                                    "--text-variant", "side-hints", "--steps", "6", "--quiet"])
+    hinted = Trainer(train_script.start_grown(train_script.training_config(args), trained_run))
+    assert isinstance(hinted.text_encoder, SideHints) and hinted.step == 3
+    ids = source.tokenizer(["a red circle left of a blue square"], padding="max_length", max_length=16,
+                           return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(hinted.text_encoder(ids).last_hidden_state, source.text_encoder(ids).last_hidden_state)
+        assert torch.equal(hinted.ema_text(ids).last_hidden_state, source.ema_text(ids).last_hidden_state)
+    hinted.train(progress=False)
+    table = hinted.text_encoder.side_hint.weight  # (sides, D)
+    assert table[SIDE_IDS[None]].abs().sum() == 0  # tokens of no object get nothing
+    assert (table[1:].abs().sum(dim=1) > 0).sum() >= 2  # the sides the 3 batches' captions named
+
+
+def test_grow_from_keeps_the_text_side_except_for_side_hints(trained_run, tmp_path, capsys):
+    out = tmp_path / "grown"
+    assert train_script.main(["--out", str(out), "--grow-from", str(trained_run), "--text-variant", "oracle",
+                              "--steps", "5", "--quiet"]) == 2
+    assert "keeps its text side" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_run_folder_evaluates_as_its_checkpoints_ema_pipeline(trained_run, tmp_path, capsys):
+    """`evaluate.py --model RUN`: the same model `Trainer.pipeline()` makes, from the folder, which it only reads;
+    --relations-only writes the paired relation response and the words' similarity."""
+    from unet.cli import evaluate as evaluate_script
+    from unet.train import run_pipeline
+    trainer = Trainer(tiny_config(trained_run, resume=True, steps=4))
+    before = {p: p.stat().st_mtime_ns for p in trained_run.rglob("*") if p.is_file()}
+    pipe = run_pipeline(trained_run)
+    images = [p("a red circle", generator=torch.Generator().manual_seed(2), num_inference_steps=3, output_type="np",
+                show_progress=False).images for p in (pipe, trainer.pipeline())]
+    assert (images[0] == images[1]).all()
+    out = tmp_path / "relations"
+    assert evaluate_script.main(["--model", str(trained_run), "--relations-only", "--seeds", "1", "--steps", "2",
+                                 "--out", str(out), "--quiet"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["relation_response_paired"]) == {"horizontal", "vertical"}
+    assert report["relation_response_paired"]["horizontal"]["images"] == 12  # 6 prompt pairs, 1 seed
+    assert set(report["relation_word_similarity"]) == {"left/right", "above/below"}
+    assert evaluate_script.main(["--model", str(trained_run), "--relations-only", "--control", "excite",
+                                 "--out", str(tmp_path / "x")]) == 2
+    assert "--relations-only measures relations alone" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in trained_run.rglob("*") if p.is_file()} == before

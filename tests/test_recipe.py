@@ -223,16 +223,16 @@ def test_single_share_sets_the_data_mix_and_old_runs_draw_the_same_batches():
 def test_levers_table_and_curves_from_evaluation_reports(tmp_path):
     from unet.cli import levers
 
-    def report(position, pointing, response=None):
+    def report(position, pointing, response=None, paired=False):
         pf = dict(single_object=1.0, two_object=0.75, colors=1.0, position=position, color_attr=0.5,
                   background_grain={"mean": 1.25})
         pf["overall"] = sum(pf[t] for t in ("single_object", "two_object", "colors", "position", "color_attr")) / 5
-        if response is not None:
-            pf["relation_response"] = {"horizontal": {"response": response, "images": 10},
-                                       "vertical": {"response": None, "images": 0}}
+        if response is not None:  # a paired one wins over the unpaired, which reports before it have alone
+            pf["relation_response_paired" if paired else "relation_response"] = {
+                "horizontal": {"response": response, "images": 10}, "vertical": {"response": None, "images": 0}}
         return {"prompt_following": pf, "maps": {"shape_words": {"miou": 0.3, "pointing": pointing}},
                 "settings": {"seeds": 8}}
-    for name, r in (("a", report(0.4, 0.7)), ("b", report(0.5, 0.6, 0.25)), ("c", report(0.6, 0.65, 0.5))):
+    for name, r in (("a", report(0.4, 0.7)), ("b", report(0.5, 0.6, 0.25)), ("c", report(0.6, 0.65, 0.5, paired=True))):
         (tmp_path / name).mkdir()
         (tmp_path / name / "report.json").write_text(json.dumps(r))
     out = tmp_path / "levers"
@@ -241,7 +241,8 @@ def test_levers_table_and_curves_from_evaluation_reports(tmp_path):
     table = (out / "levers.md").read_text()
     assert ("| pos | 200 | 1.000 | 0.750 | 1.000 | 0.600 | 0.500 | 0.770 | 1.25 | 0.300 / 0.650 | 0.50 / – | – |"
             in table)
-    assert "| plain | 100 |" in table and "– / –" in table  # a report from before the relation response
+    assert "| 0.25 / – u |" in table  # unpaired
+    assert "| plain | 100 |" in table and "– / – u" in table  # a report from before the relation response
     assert [r["step"] for r in json.loads((out / "levers.json").read_text())["rows"]] == [100, 100, 200]
     assert (out / "levers.png").read_bytes()[:4] == b"\x89PNG"
     assert levers.main(["plain=nowhere", "--out", str(out)]) == 2  # no @STEP

@@ -32,11 +32,13 @@ def test_quick_evaluation_writes_well_formed_report(tiny_pipeline_dir, tmp_path)
         expected = sum(in_kind(s.caption.split()[i]) for s in scenes for i in s.word_objects)
         assert report["maps_dataset"][kind]["n"] == expected > 0  # dataset masks are exact: every word scored
     assert set(pf["relation_response"]) == {"horizontal", "vertical"}
+    assert {axis: v["images"] for axis, v in pf["relation_response_paired"].items()} == \
+        {"horizontal": 12, "vertical": 12}  # 6 prompts per axis word and their opposites, 1 seed
     assert set(pf["relation_word_similarity"]) == {"left/right", "above/below"}
     assert all(-1 <= v <= 1 for v in pf["relation_word_similarity"].values())
     assert pf["relation_word_similarity"]["left/right"] < 0.999  # a barely trained encoder still tells them apart
     md = (out / "report.md").read_text()
-    assert "| overall" in md.replace("**", "") and "daam" in md and "Relation response" in md
+    assert "| overall" in md.replace("**", "") and "daam" in md and "Relation response" in md and "paired" in md
     assert Image.open(out / "tasks.png").width > 300
 
 

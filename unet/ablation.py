@@ -7,6 +7,10 @@
   the relation: in "a circle right of a square" the circle's tokens get "right", the square's "left").
   This is the structured conditioning controlled studies (MOSAIC, Okawa et al.) give their models: if
   relations are learned with it and not with text, the text side is the bottleneck.
+- "side-hints": the trained CLIP encoder, plus each object token's side (the oracle's side embedding) added
+  to its output. The embedding starts at zero, so it grows from a trained run (`train.py --grow-from RUN
+  --text-variant side-hints`) at identity: if the trained U-Net then learns to place objects, the image side
+  can do relations and what it lacked was the text telling it where each object goes.
 
 Both keep the tokenizer's positions (one token per scene word), so word maps read the same way; they
 are for measurement only and are never shipped (they do not save as a diffusers pipeline).
@@ -67,6 +71,18 @@ def token_roles(words: list[str]) -> list[tuple[int, int]]:
     return roles
 
 
+def caption_roles(tokenizer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) object and side ids of every token, from the tokens (every scene word is one token)."""
+    objects, sides = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for b, ids in enumerate(input_ids.tolist()):
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+        positions = [i for i, t in enumerate(tokens) if t.endswith("</w>")]
+        words = [tokens[i][:-4] for i in positions]
+        for i, (obj, side) in zip(positions, token_roles(words)):
+            objects[b, i], sides[b, i] = obj, side
+    return objects, sides
+
+
 class OracleSlots(_Encoder):
     """Per-token embedding of (word, object index, that object's side): structured, non-contextual."""
 
@@ -80,19 +96,30 @@ class OracleSlots(_Encoder):
         self.norm = nn.LayerNorm(width)
         self.config = SimpleNamespace(hidden_size=width)
 
-    def roles(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T) object and side ids, from the tokens (every scene word is one token)."""
-        objects, sides = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
-        for b, ids in enumerate(input_ids.tolist()):
-            tokens = self.tokenizer.convert_ids_to_tokens(ids)
-            positions = [i for i, t in enumerate(tokens) if t.endswith("</w>")]
-            words = [tokens[i][:-4] for i in positions]
-            for i, (obj, side) in zip(positions, token_roles(words)):
-                objects[b, i], sides[b, i] = obj, side
-        return objects, sides
-
     def forward(self, input_ids: torch.Tensor):
-        objects, sides = self.roles(input_ids)
+        objects, sides = caption_roles(self.tokenizer, input_ids)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         hidden = self.word(input_ids) + self.object(objects) + self.side(sides) + self.position(positions)
         return SimpleNamespace(last_hidden_state=self.norm(hidden))  # (B, T, width)
+
+
+class SideHints(_Encoder):
+    """CLIP's causal encoder, plus a learned vector for each object token's side, added to its output.
+
+    CLIP's parts are registered under their own names, so a trained run's text weights load as they are;
+    the side embedding (`side_hint`) starts at zero, and row 0 (tokens of no object) stays zero.
+    """
+
+    def __init__(self, clip, tokenizer):
+        super().__init__()
+        for name, child in clip.named_children():  # the same modules: CLIP's forward runs on these weights
+            self.add_module(name, child)
+        object.__setattr__(self, "_clip", clip)  # not registered again: its parameters are the ones above
+        self.tokenizer, self.config = tokenizer, clip.config
+        self.side_hint = nn.Embedding(len(SIDE_IDS), clip.config.hidden_size, padding_idx=0)
+        nn.init.zeros_(self.side_hint.weight)
+
+    def forward(self, input_ids: torch.Tensor):
+        hidden = self._clip(input_ids=input_ids).last_hidden_state  # (B, T, D), after the final norm
+        _, sides = caption_roles(self.tokenizer, input_ids)
+        return SimpleNamespace(last_hidden_state=hidden + self.side_hint(sides.to(hidden.device)))

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
 from . import checkpoint
-from .ablation import BidirectionalText, OracleSlots
+from .ablation import BidirectionalText, OracleSlots, SideHints
 from .data import SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
 from .folders import partial_folder, publish  # what the commands share for interrupts and result folders
 from .model import UNet
@@ -40,6 +41,9 @@ from .signals import DeferredSignals
 # Training derives torch seeds from its seed (seed + step, seed * 100003 + epoch), and torch's must fit in
 # 64 bits: 32-bit seeds keep them in range for any run length (sampling takes all 64 bits: pipeline.MAX_SEED).
 TRAIN_MAX_SEED = 2 ** 32 - 1
+
+TEXT_VARIANTS = ("clip", "bidirectional", "oracle", "side-hints")
+
 
 @dataclass
 class TrainConfig:
@@ -61,7 +65,7 @@ class TrainConfig:
     prediction_type: str = "v_prediction"  # or "epsilon"; an epsilon model cannot predict x0 at zero SNR
     zero_terminal_snr: bool = True  # rescale the schedule so t = T is pure noise, as sampling assumes
     min_snr_gamma: float = 5.0  # weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0: none
-    text_variant: str = "clip"  # ablations only (unet/ablation.py): "bidirectional" or "oracle"; never shipped
+    text_variant: str = "clip"  # ablations only (unet/ablation.py): "bidirectional", "oracle", "side-hints"
     snapshot_every: int = 0  # > 0: keep the EMA pipeline every so many steps in OUT/snapshots (for scaling curves)
     seed: int = 0
     sample_every: int = 500
@@ -96,8 +100,9 @@ class TrainConfig:
         if self.zero_terminal_snr and self.prediction_type == "epsilon":
             raise ValueError("zero_terminal_snr needs prediction_type 'v_prediction': noise cannot be predicted "
                              "from pure noise")
-        if self.text_variant not in ("clip", "bidirectional", "oracle"):
-            raise ValueError(f"text_variant must be 'clip', 'bidirectional' or 'oracle', got {self.text_variant!r}")
+        if self.text_variant not in TEXT_VARIANTS:
+            raise ValueError(f"text_variant must be one of {', '.join(map(repr, TEXT_VARIANTS))}, "
+                             f"got {self.text_variant!r}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if self.data is not None and not Path(self.data).is_dir():
@@ -198,7 +203,7 @@ def build_components(cfg: TrainConfig, folder: Path):
 # Parameters a resumed run may lack in its checkpoint: the parts `grow` can add to a trained model without
 # changing what it computes (position embeddings and the pooled text projection start at zero, a new
 # self-attention's output projection is zeroed).
-GROWABLE = (".position.", ".pooled_text_proj.", ".attn1.", ".norm1.")
+GROWABLE = (".position.", ".pooled_text_proj.", ".attn1.", ".norm1.", ".side_hint.")
 
 
 def grow(module: torch.nn.Module, loaded: set[str], prefix: str) -> list[str]:
@@ -213,7 +218,7 @@ def grow(module: torch.nn.Module, loaded: set[str], prefix: str) -> list[str]:
     if wrong:
         raise ValueError(f"the checkpoint lacks {len(wrong)} weights of this model (e.g. {prefix}.{wrong[0]}) that "
                          "cannot start at identity: it was made for another architecture; only position "
-                         "embeddings, pooled text and self-attention can be added to a trained run")
+                         "embeddings, pooled text, self-attention and side hints can be added to a trained run")
     for name, sub in module.named_modules():
         if name.endswith("attn1") and f"{prefix}.{name}.to_out.0.weight" not in loaded:
             torch.nn.init.zeros_(sub.to_out[0].weight)
@@ -227,6 +232,8 @@ def text_variant(cfg: TrainConfig, tokenizer, text_encoder):
         return BidirectionalText(text_encoder)
     if cfg.text_variant == "oracle":
         return OracleSlots(tokenizer, text_encoder.config.hidden_size)
+    if cfg.text_variant == "side-hints":
+        return SideHints(text_encoder, tokenizer)
     return text_encoder
 
 
@@ -242,6 +249,25 @@ def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.o
     optimizer = torch.optim.AdamW([{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
                                    {"params": [p for _, p in no_decay], "weight_decay": 0.0}], lr=cfg.lr)
     return params, optimizer, [n for n, _ in decay + no_decay]
+
+
+def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
+    """The EMA model of a run folder's checkpoint as a pipeline, whatever its text side: runs of an ablation
+    encoder have no pipeline folder (those are not diffusers parts), and a running run's latest checkpoint
+    can be evaluated between snapshots. The folder is only read."""
+    check_resumable(folder)
+    cfg = resumed_config(TrainConfig(out=str(folder)), json.loads((folder / "train_config.json").read_text()))
+    with tempfile.TemporaryDirectory() as tmp:  # the vocabulary is rebuilt, not written into the run
+        tokenizer, text_encoder, unet = build_components(cfg, Path(tmp))
+    text_encoder = text_variant(cfg, tokenizer, text_encoder)
+    tensors, _ = checkpoint.load(folder / "checkpoint.safetensors")
+    for prefix, module in (("ema", unet), ("ema_text", text_encoder)):
+        module.load_state_dict({k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")})
+        module.requires_grad_(False).eval()
+    unet.to(memory_format=torch.channels_last)  # as in training: faster on CPU, and the same sums
+    return ScenePipeline(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer,
+                         scheduler=make_scheduler(scheduler, noise_scheduler(cfg.prediction_type,
+                                                                            cfg.zero_terminal_snr).config))
 
 
 def training_data(cfg: TrainConfig) -> SceneDataset | None:

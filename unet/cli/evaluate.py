@@ -3,10 +3,12 @@
     python scripts/evaluate.py                 # the shipped model, full run
     python scripts/evaluate.py --quick         # a few prompts, for development (< 5 min on 2 cores)
     python scripts/evaluate.py --model runs/scenes-32/pipeline --out outputs/eval/mine
+    python scripts/evaluate.py --model runs/v2 --out outputs/eval/latest   # a run folder: its last checkpoint
 """
 
 import argparse
 import datetime
+import json
 import math
 import sys
 from pathlib import Path
@@ -25,15 +27,18 @@ from unet.cli import (
 )
 from unet.eval.control import CONTROLS, fmt, run_control_evaluation
 from unet.eval.control import write as write_control
-from unet.eval.evaluate import run_evaluation
+from unet.eval.evaluate import paired_relations, relation_word_similarity, run_evaluation
 from unet.eval.report import check_readme, refresh_readme, write
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import SCHEDULERS, load_pipeline
+from unet.train import run_pipeline
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
+    p.add_argument("--model", default=None,
+                   help="pipeline folder, or a training run folder (its checkpoint's EMA weights, any text side) "
+                        "(default: the shipped model)")
     p.add_argument("--out", default=None, help="report folder (default: outputs/eval/<date>, or <date>-2 ... if taken)")
     p.add_argument("--overwrite", action="store_true", help="replace the report already in --out")
     p.add_argument("--seeds", type=int, default=None, help="images per prompt (default 8, quick 2)")
@@ -47,6 +52,9 @@ def parse_args(argv=None):
                    help="dataset scenes for exact-mask maps (default 128, quick 32)")
     p.add_argument("--dataset-timestep", type=int, default=300)
     p.add_argument("--quick", action="store_true", help="3 prompts per task, fewer seeds")
+    p.add_argument("--relations-only", action="store_true",
+                   help="only whether relation words move the objects (paired from the same noise) and how alike "
+                        "the text encoder makes them: a few minutes, for watching a run's snapshots")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--readme", default=None, help="also rewrite the maps tables of this README (its "
                                                   "'<!-- maps: begin -->' block) from the new report")
@@ -79,6 +87,9 @@ def check_args(args) -> None:
     except ValueError as e:
         raise UsageError(str(e)) from e
     check_out_dir(default_out(args) if args.out is None else args.out)
+    if args.relations_only and (args.control is not None or args.readme is not None):
+        raise UsageError("--relations-only measures relations alone; leave out "
+                         f"{'--control' if args.control is not None else '--readme'}")
     if args.readme is not None:
         try:
             check_readme(Path(args.readme))
@@ -101,12 +112,23 @@ def check_model_args(pipe, args) -> None:
                          f"got {args.dataset_timestep}")
 
 
+def load_model(args):
+    """A pipeline folder, or a training run folder (train_config.json and checkpoint.safetensors, no pipeline)."""
+    folder = Path(args.model) if args.model else None
+    if folder is not None and (folder / "train_config.json").is_file() and not (folder / "model_index.json").exists():
+        try:
+            return run_pipeline(folder, args.scheduler)
+        except (ValueError, FileNotFoundError, OSError) as e:
+            raise UsageError(f"--model {folder}: not a run folder this code can load: {e}") from e
+    return load_pipeline(args.model, scheduler=args.scheduler, show_progress=not args.quiet)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     with sigterm_as_interrupt():
         try:
             check_args(args)
-            pipe = load_pipeline(args.model, scheduler=args.scheduler, show_progress=not args.quiet)
+            pipe = load_model(args)
             check_model_args(pipe, args)
             if args.guidance_max_t is not None:
                 pipe.register_to_config(guidance_max_t=args.guidance_max_t)
@@ -116,7 +138,8 @@ def main(argv=None) -> int:
             return interrupted(e, "nothing was written")
         torch.manual_seed(0)
         try:
-            return (evaluation_main if args.control is None else control_main)(pipe, args)
+            main_of = relations_main if args.relations_only else evaluation_main
+            return (main_of if args.control is None else control_main)(pipe, args)
         except WRITE_ERRORS as e:
             return write_failed(e, "the report")
         except KeyboardInterrupt as e:
@@ -150,6 +173,18 @@ def evaluation_main(pipe, args) -> int:
     print(f"prompt following overall {pf['overall']:.3f}; shape-word mIoU {report['maps']['shape_words']['miou']:.3f}"
           f", pointing {report['maps']['shape_words']['pointing']:.3f}")
     print(f"report: {out / 'report.md'}")
+    return 0
+
+
+def relations_main(pipe, args) -> int:
+    """`--relations-only`: the paired relation response and the relation words' similarity, as report.json."""
+    report = {"model": str(args.model or "shipped"), "date": datetime.date.today().isoformat(),
+              "settings": {"seeds": args.seeds, "steps": args.steps, "guidance": args.guidance},
+              "relation_response_paired": paired_relations(pipe, args.seeds, args.steps, args.guidance),
+              "relation_word_similarity": relation_word_similarity(pipe)}
+    out = publish_report(args, lambda folder: (folder / "report.json").write_text(json.dumps(report, indent=1)))
+    print(json.dumps({k: report[k] for k in ("relation_response_paired", "relation_word_similarity")}))
+    print(f"report: {out / 'report.json'}")
     return 0
 
 

@@ -28,7 +28,7 @@ from unet.pipeline import progress_bars
 from unet.train import TrainConfig, Trainer, check_resumable, resumed_config
 
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
-GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "caption_dropout")
+GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "caption_dropout", "text_variant")
 
 
 def parse_args(argv=None):
@@ -43,7 +43,7 @@ def parse_args(argv=None):
     p.add_argument("--grow-from", metavar="RUN", default=None,
                    help="continue the run folder RUN in the new folder --out, with the changes given among "
                         "--position-embedding, --pooled-text, --self-attention-levels, --single-share, "
-                        "--caption-dropout "
+                        "--caption-dropout, --text-variant side-hints "
                         "(everything else as RUN has it); RUN is only read")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for f in fields(TrainConfig):
@@ -107,6 +107,11 @@ def training_config(args) -> TrainConfig:
         if getattr(cfg, name) and changes.get(name) is False:
             flag = name.replace("_", "-")
             raise UsageError(f"{source} has --{flag}; --no-{flag} would lose trained weights")
+    variant = changes.get("text_variant", cfg.text_variant)
+    if variant != cfg.text_variant and (cfg.text_variant, variant) != ("clip", "side-hints"):
+        raise UsageError(f"--text-variant {variant}: a run grown from {source} ({cfg.text_variant}) keeps its text "
+                         "side, or adds side hints to CLIP's (--text-variant side-hints); any other change would "
+                         "not start where the run stopped")
     if int(step) >= cfg.steps:
         raise UsageError(f"--steps {cfg.steps}: {source} is at step {step} already; give --steps above it")
     return dataclasses.replace(cfg, **changes, grown_from=f"{source}@{step}", resume=False)

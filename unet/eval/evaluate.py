@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import torch
 
 from crossattn.maps import refined_store
@@ -31,11 +32,14 @@ from .map_scoring import (
 )
 from .prompts import (
     OPPOSITE_RELATIONS,
+    RELATION_SIDES,
     TASKS,
     EvalPrompt,
     background_grain,
     check,
     eval_prompts,
+    paired_relation_response,
+    parse_prompt,
     prompt_following,
     relation_response,
     word_objects,
@@ -94,6 +98,33 @@ def relation_word_similarity(pipe) -> dict[str, float]:
     return result
 
 
+@torch.no_grad()
+def paired_relations(pipe, seeds: int = 8, steps: int = 25, guidance: float | None = None,
+                     base_seed: int = 20_000) -> dict:
+    """Does the relation word move the objects, all else held fixed? Every position prompt with an axis's first
+    word ("left of", "above") is sampled beside its opposite ("right of", "below") from the same noise
+    (`paired_relation_response`), on seeds of its own so the main evaluation's images stay as they were."""
+    guidance = default_guidance(pipe) if guidance is None else guidance
+    result = {}
+    for axis, (first, second) in OPPOSITE_RELATIONS.items():
+        index = RELATION_SIDES[first][0]
+        prompts = [p for p in eval_prompts() if p.relation == first]
+        opposite = [parse_prompt(p.prompt.replace(f" {first} ", f" {second} ")) for p in prompts]
+        images = [to_uint8(pipe([p.prompt for p in chunk], num_images_per_prompt=seeds, num_inference_steps=steps,
+                                guidance_scale=guidance, generator=torch.Generator().manual_seed(base_seed),
+                                output_type="np", show_progress=False).images)
+                  for chunk in (prompts, opposite)]  # same count, same generator: image i has the same noise
+        pairs = []
+        for i, (a, b) in enumerate(zip(*images)):
+            offsets = []
+            for prompt, image in ((prompts[i // seeds], a), (opposite[i // seeds], b)):
+                _, matched = check(prompt, detect(image))
+                offsets.append(None if None in matched else matched[0].center[index] - matched[1].center[index])
+            pairs.append((*offsets, float(np.abs(a.astype(np.float64) - b).mean())))
+        result[axis] = paired_relation_response(pairs, axis)
+    return result
+
+
 def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None = None, dataset_images: int = 64,
                    dataset_timestep: int = 300, quick: bool = False, progress: bool = True):
     """Everything in the report: returns (report dict, per-image records, recorded batches, our selection)."""
@@ -129,6 +160,7 @@ def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None
                              for kind in ("shape_words", "color_words")} for k in ("ours", "refined")}
     report = {
         "prompt_following": {**prompt_following(records), "relation_response": relation_response(records),
+                             "relation_response_paired": paired_relations(pipe, seeds, steps, guidance),
                              "relation_word_similarity": relation_word_similarity(pipe)},
         "maps": {**generated["ours"], "aggregation": selection_name},
         "readouts": {name: {**generated[name], "params": readouts[name][0]} for name in READOUTS},

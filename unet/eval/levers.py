@@ -19,12 +19,15 @@ CURVES = (("position", "position"), ("color_attr", "colour attribution"), ("shap
 
 def lever_row(label: str, step: int, report: dict) -> dict:
     pf = report["prompt_following"]
-    response = pf.get("relation_response", {})
+    # the paired response is exact; reports written before it have only the unpaired one (marked "u")
+    paired = "relation_response_paired" in pf
+    response = pf["relation_response_paired"] if paired else pf.get("relation_response", {})
     return {"arm": label, "step": step, **{t: pf[t] for t in TASKS}, "overall": pf["overall"],
             "grain": pf["background_grain"]["mean"], "shape_miou": report["maps"]["shape_words"]["miou"],
             "shape_pointing": report["maps"]["shape_words"]["pointing"],
             "horizontal": response.get("horizontal", {}).get("response"),
-            "vertical": response.get("vertical", {}).get("response"), "seeds": report["settings"]["seeds"],
+            "vertical": response.get("vertical", {}).get("response"), "response_paired": paired,
+            "seeds": report["settings"]["seeds"],
             "left_right_similarity": pf.get("relation_word_similarity", {}).get("left/right")}
 
 
@@ -52,13 +55,14 @@ def write_levers(rows: list[dict], out: Path, title: str) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "levers.json").write_text(json.dumps({"title": title, "rows": rows}, indent=1))
-    head = ["arm", "step", *TASKS, "overall", "grain /255", "shape mIoU / pointing", "relation response (h / v)",
-            "left/right similarity"]
+    head = ["arm", "step", *TASKS, "overall", "grain /255", "shape mIoU / pointing",
+            "relation response (h / v; u: unpaired)", "left/right similarity"]
     lines = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["arm"], f"{r['step']:,}", *(_fmt(r[t]) for t in TASKS), _fmt(r["overall"]), _fmt(r["grain"], 2),
                  f"{_fmt(r['shape_miou'])} / {_fmt(r['shape_pointing'])}",
-                 f"{_fmt(r['horizontal'], 2)} / {_fmt(r['vertical'], 2)}", _fmt(r["left_right_similarity"], 4)]
+                 f"{_fmt(r['horizontal'], 2)} / {_fmt(r['vertical'], 2)}{'' if r.get('response_paired') else ' u'}",
+                 _fmt(r["left_right_similarity"], 4)]
         lines.append("| " + " | ".join(cells) + " |")
     (out / "levers.md").write_text("\n".join(lines) + "\n")
 

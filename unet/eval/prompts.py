@@ -104,6 +104,24 @@ def relation_response(records) -> dict:
     return result
 
 
+def paired_relation_response(pairs: list[tuple], axis: str) -> dict:
+    """`relation_response` from images paired by their noise: `pairs` holds, for one axis, (offset under the
+    axis's first word, offset under the opposite word, mean |pixel difference| of the two images), an offset
+    being the first object's centre minus the second's along the axis, None where an object was not found.
+
+    Both images of a pair start from the same noise, so a word the model ignores gives the same image twice and
+    a response of exactly 0, whatever the noise favours; unpaired, the noise's own bias shows up as response.
+    `moved` is the share of pairs (both objects found in both) whose order along the axis the word changed."""
+    index, sign = RELATION_SIDES[OPPOSITE_RELATIONS[axis][0]]
+    found = [(a, b) for a, b, _ in pairs if a is not None and b is not None]
+    first = [np.sign(a) == sign for a, _ in found]
+    second = [np.sign(b) == sign for _, b in found]
+    return {"response": float(np.mean(first) - np.mean(second)) if found else None,
+            "moved": float(np.mean([x != y for x, y in zip(first, second)])) if found else None,
+            "pixel_difference": float(np.mean([d for _, _, d in pairs])) if pairs else None,
+            "pairs": len(found), "images": 2 * len(pairs)}
+
+
 # --- map methods: each returns (B, T, H, W) token maps from the same recorded attention
 
 
