@@ -250,6 +250,12 @@ def test_side_hints_grow_at_identity_then_learn_the_sides(trained_run, tmp_path)
     table = hinted.text_encoder.side_hint.weight  # (sides, D)
     assert table[SIDE_IDS[None]].abs().sum() == 0  # tokens of no object get nothing
     assert (table[1:].abs().sum(dim=1) > 0).sum() >= 2  # the sides the 3 batches' captions named
+    # the gain multiplies what the table adds: "circle" (token 3) is the left object, "of" (token 5) no object's
+    fast = SideHints(source.text_encoder, source.tokenizer, gain=10.0)
+    with torch.no_grad():
+        fast.side_hint.weight[1:].fill_(1.0)
+        added = fast(ids).last_hidden_state - source.text_encoder(ids).last_hidden_state  # (1, T, D)
+    assert torch.allclose(added[0, 3], torch.full_like(added[0, 3], 10.0)) and added[0, 5].abs().max() == 0
 
 
 def test_grow_from_keeps_the_text_side_except_for_side_hints(trained_run, tmp_path, capsys):

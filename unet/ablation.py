@@ -107,19 +107,22 @@ class SideHints(_Encoder):
     """CLIP's causal encoder, plus a learned vector for each object token's side, added to its output.
 
     CLIP's parts are registered under their own names, so a trained run's text weights load as they are;
-    the side embedding (`side_hint`) starts at zero, and row 0 (tokens of no object) stays zero.
+    the side embedding (`side_hint`) starts at zero, and row 0 (tokens of no object) stays zero. Adam moves
+    each weight by about the learning rate per step whatever its gradient's size, so a table grown from zero
+    stays near its noise for thousands of steps; `gain` multiplies its output, which is a learning rate
+    `gain` times the run's for this table alone.
     """
 
-    def __init__(self, clip, tokenizer):
+    def __init__(self, clip, tokenizer, gain: float = 1.0):
         super().__init__()
         for name, child in clip.named_children():  # the same modules: CLIP's forward runs on these weights
             self.add_module(name, child)
         object.__setattr__(self, "_clip", clip)  # not registered again: its parameters are the ones above
-        self.tokenizer, self.config = tokenizer, clip.config
+        self.tokenizer, self.config, self.gain = tokenizer, clip.config, gain
         self.side_hint = nn.Embedding(len(SIDE_IDS), clip.config.hidden_size, padding_idx=0)
         nn.init.zeros_(self.side_hint.weight)
 
     def forward(self, input_ids: torch.Tensor):
         hidden = self._clip(input_ids=input_ids).last_hidden_state  # (B, T, D), after the final norm
         _, sides = caption_roles(self.tokenizer, input_ids)
-        return SimpleNamespace(last_hidden_state=hidden + self.side_hint(sides.to(hidden.device)))
+        return SimpleNamespace(last_hidden_state=hidden + self.gain * self.side_hint(sides.to(hidden.device)))

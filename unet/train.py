@@ -66,6 +66,7 @@ class TrainConfig:
     zero_terminal_snr: bool = True  # rescale the schedule so t = T is pure noise, as sampling assumes
     min_snr_gamma: float = 5.0  # weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0: none
     text_variant: str = "clip"  # ablations only (unet/ablation.py): "bidirectional", "oracle", "side-hints"
+    side_hint_gain: float = 1.0  # side-hints: the table's output is gain x its weights, so it learns gain x faster
     snapshot_every: int = 0  # > 0: keep the EMA pipeline every so many steps in OUT/snapshots (for scaling curves)
     seed: int = 0
     sample_every: int = 500
@@ -201,8 +202,8 @@ def build_components(cfg: TrainConfig, folder: Path):
 
 
 # Parameters a resumed run may lack in its checkpoint: the parts `grow` can add to a trained model without
-# changing what it computes (position embeddings and the pooled text projection start at zero, a new
-# self-attention's output projection is zeroed).
+# changing what it computes (position embeddings, the pooled text projection and the side hints of
+# `--text-variant side-hints` start at zero, a new self-attention's output projection is zeroed).
 GROWABLE = (".position.", ".pooled_text_proj.", ".attn1.", ".norm1.", ".side_hint.")
 
 
@@ -233,7 +234,7 @@ def text_variant(cfg: TrainConfig, tokenizer, text_encoder):
     if cfg.text_variant == "oracle":
         return OracleSlots(tokenizer, text_encoder.config.hidden_size)
     if cfg.text_variant == "side-hints":
-        return SideHints(text_encoder, tokenizer)
+        return SideHints(text_encoder, tokenizer, cfg.side_hint_gain)
     return text_encoder
 
 
