@@ -213,6 +213,8 @@ def test_growth_keeps_the_optimizer_moments_of_every_old_weight(trained_run, tmp
     (["--self-attention-levels", "1", "5"], "levels 0 to 2"),
     (["--steps", "3"], "at step 3 already"),
     (["--resume"], "give one"),
+    (["--side-hint-gain", "5"], "only with --text-variant side-hints"),
+    (["--text-variant", "side-hints", "--side-hint-gain", "0"], "must be > 0"),
 ])
 def test_grow_from_refuses_what_would_lose_weights(trained_run, tmp_path, capsys, args, message):
     out = tmp_path / "grown"
@@ -287,3 +289,19 @@ def test_a_run_folder_evaluates_as_its_checkpoints_ema_pipeline(trained_run, tmp
                                  "--out", str(tmp_path / "x")]) == 2
     assert "--relations-only measures relations alone" in capsys.readouterr().err
     assert {p: p.stat().st_mtime_ns for p in trained_run.rglob("*") if p.is_file()} == before
+
+
+def test_a_folder_just_grown_evaluates_before_its_first_save(trained_run, tmp_path):
+    """Until it saves, a --grow-from folder holds its source's checkpoint: the run's pipeline grows it as
+    training would (side hints at zero), instead of failing on the weights the source never had."""
+    from unet.ablation import SideHints
+    from unet.train import run_pipeline
+    args = train_script.parse_args(["--out", str(tmp_path / "hints"), "--grow-from", str(trained_run),
+                                    "--text-variant", "side-hints", "--side-hint-gain", "4", "--steps", "6"])
+    folder = Path(train_script.start_grown(train_script.training_config(args), trained_run).out)
+    (folder / "tokenizer").mkdir()
+    for f in (trained_run / "tokenizer").iterdir():
+        (folder / "tokenizer" / f.name).write_bytes(f.read_bytes())  # what the Trainer writes when it starts
+    pipe = run_pipeline(folder)
+    assert isinstance(pipe.text_encoder, SideHints) and pipe.text_encoder.gain == 4.0
+    assert pipe.text_encoder.side_hint.weight.abs().sum() == 0

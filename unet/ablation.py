@@ -7,12 +7,13 @@
   the relation: in "a circle right of a square" the circle's tokens get "right", the square's "left").
   This is the structured conditioning controlled studies (MOSAIC, Okawa et al.) give their models: if
   relations are learned with it and not with text, the text side is the bottleneck.
-- "side-hints": the trained CLIP encoder, plus each object token's side (the oracle's side embedding) added
-  to its output. The embedding starts at zero, so it grows from a trained run (`train.py --grow-from RUN
-  --text-variant side-hints`) at identity: if the trained U-Net then learns to place objects, the image side
-  can do relations and what it lacked was the text telling it where each object goes.
+- "side-hints": the trained CLIP encoder, plus a learned vector for each object token's side (as the
+  oracle's, in a table of its own) added to its output. The table starts at zero, so it grows from a
+  trained run (`train.py --grow-from RUN --text-variant side-hints`) at identity: if the trained U-Net
+  then learns to place objects, the image side can do relations and what it lacked was the text telling
+  it where each object goes.
 
-Both keep the tokenizer's positions (one token per scene word), so word maps read the same way; they
+All keep the tokenizer's positions (one token per scene word), so word maps read the same way; they
 are for measurement only and are never shipped (they do not save as a diffusers pipeline).
 """
 

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,12 +122,15 @@ class TrainConfig:
                              f"got {list(self.channels)}")
         if self.clip is None and self.text_width % self.heads:
             raise ValueError(f"--text-width {self.text_width} must be a multiple of --heads {self.heads}")
-        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "min_snr_gamma", "max_minutes"):
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "min_snr_gamma", "max_minutes",
+                     "side_hint_gain"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
         if self.lr == 0 or self.ema_decay >= 1:
             raise ValueError(f"--lr must be > 0 and --ema-decay < 1, got {self.lr} and {self.ema_decay}")
+        if self.side_hint_gain == 0:
+            raise ValueError("--side-hint-gain must be > 0: at 0 the side hints never change anything")
         if 0 < self.num_samples < self.batch_size:
             raise ValueError(f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}: "
                              "every batch would be short")
@@ -187,13 +189,15 @@ def resumed_config(cfg: TrainConfig, saved: dict) -> TrainConfig:
     return TrainConfig(**saved)
 
 
-def build_components(cfg: TrainConfig, folder: Path):
-    """Tokenizer, text encoder and a fresh U-Net for `cfg` (our own vocabulary unless `cfg.clip`)."""
+def build_components(cfg: TrainConfig, folder: Path, tokenizer=None):
+    """Tokenizer, text encoder and a fresh U-Net for `cfg`: our own vocabulary, written into `folder`, unless
+    `cfg.clip` or a `tokenizer` (a run's own, as saved) is given."""
     if cfg.clip:
         tokenizer, text_encoder = load_tokenizer(cfg.clip), load_text_encoder(cfg.clip)
         text_encoder.requires_grad_(False)
     else:
-        tokenizer = save_vocabulary(SCENE_WORDS, folder / "tokenizer", cfg.max_length)
+        if tokenizer is None:
+            tokenizer = save_vocabulary(SCENE_WORDS, folder / "tokenizer", cfg.max_length)
         text_encoder = new_text_encoder(tokenizer, cfg.text_width, cfg.text_layers, cfg.heads, 4 * cfg.text_width)
     unet = UNet(sample_size=cfg.size, channels=tuple(cfg.channels), cross_attention=tuple(cfg.cross_attention),
                 self_attention=tuple(cfg.self_attention), context_dim=text_encoder.config.hidden_size,
@@ -224,6 +228,21 @@ def grow(module: torch.nn.Module, loaded: set[str], prefix: str) -> list[str]:
         if name.endswith("attn1") and f"{prefix}.{name}.to_out.0.weight" not in loaded:
             torch.nn.init.zeros_(sub.to_out[0].weight)
             torch.nn.init.zeros_(sub.to_out[0].bias)
+    return new
+
+
+def load_weights(module: torch.nn.Module, tensors: dict, prefix: str, path: Path) -> list[str]:
+    """Load `module` from the checkpoint tensors named `prefix.*`, growing the parts it lacks (`grow`); returns
+    their names. ValueError for any other missing or unexpected weight: a checkpoint of another model."""
+    new = grow(module, set(tensors), prefix)
+    missing, unexpected = module.load_state_dict(
+        {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}, strict=False)
+    if set(missing) - set(new):
+        raise ValueError(f"{path} lacks {prefix}.{sorted(set(missing) - set(new))[0]}: it is not a checkpoint of "
+                         "this model")
+    if unexpected:
+        raise ValueError(f"{path} holds weights this model lacks (e.g. {prefix}.{unexpected[0]}): its "
+                         "train_config.json does not describe the checkpoint's architecture")
     return new
 
 
@@ -258,12 +277,13 @@ def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
     can be evaluated between snapshots. The folder is only read."""
     check_resumable(folder)
     cfg = resumed_config(TrainConfig(out=str(folder)), json.loads((folder / "train_config.json").read_text()))
-    with tempfile.TemporaryDirectory() as tmp:  # the vocabulary is rebuilt, not written into the run
-        tokenizer, text_encoder, unet = build_components(cfg, Path(tmp))
+    tokenizer = None if cfg.clip else load_tokenizer(folder / "tokenizer")  # the run's own vocabulary
+    tokenizer, text_encoder, unet = build_components(cfg, folder, tokenizer)
     text_encoder = text_variant(cfg, tokenizer, text_encoder)
     tensors, _ = checkpoint.load(folder / "checkpoint.safetensors")
     for prefix, module in (("ema", unet), ("ema_text", text_encoder)):
-        module.load_state_dict({k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")})
+        # a folder --grow-from just made holds its source's checkpoint until its first save: grow it here too
+        load_weights(module, tensors, prefix, folder / "checkpoint.safetensors")
         module.requires_grad_(False).eval()
     unet.to(memory_format=torch.channels_last)  # as in training: faster on CPU, and the same sums
     return ScenePipeline(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer,
@@ -428,18 +448,8 @@ class Trainer:
         grown = []
         for prefix, module in (("unet", self.unet), ("text", self.text_encoder), ("ema", self.ema),
                                ("ema_text", self.ema_text)):
-            # a config that adds position embeddings, pooled text or self-attention grows the checkpoint's model
-            new = grow(module, loaded, prefix)
-            missing, unexpected = module.load_state_dict(
-                {k[len(prefix) + 1:]: v for k, v in tensors.items()
-                 if k.startswith(prefix + ".") and not k.startswith(prefix + "_")}, strict=False)
-            grown += new
-            if set(missing) - set(new):
-                raise ValueError(f"{self.ckpt_path} lacks {prefix}.{sorted(set(missing) - set(new))[0]}: it is not a "
-                                 "checkpoint of this model")
-            if unexpected:
-                raise ValueError(f"{self.ckpt_path} holds weights this model lacks (e.g. {prefix}.{unexpected[0]}): "
-                                 "its train_config.json does not describe the checkpoint's architecture")
+            # a config that adds position embeddings, pooled text, self-attention or side hints grows the model
+            grown += load_weights(module, tensors, prefix, self.ckpt_path)
         if grown:
             print(f"grown from the model of step {self.step}: {len(grown)} new weight tensors (with the EMA's) "
                   "start at identity")

@@ -30,7 +30,7 @@ from unet.eval.control import write as write_control
 from unet.eval.evaluate import paired_relations, relation_word_similarity, run_evaluation
 from unet.eval.report import check_readme, refresh_readme, write
 from unet.folders import WRITE_ERRORS, write_failed
-from unet.pipeline import SCHEDULERS, load_pipeline
+from unet.pipeline import SCHEDULERS, default_guidance, load_pipeline
 from unet.train import run_pipeline
 
 
@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="3 prompts per task, fewer seeds")
     p.add_argument("--relations-only", action="store_true",
                    help="only whether relation words move the objects (paired from the same noise) and how alike "
-                        "the text encoder makes them: a few minutes, for watching a run's snapshots")
+                        "the text encoder makes them: a few minutes, for watching a run (a snapshot or --model RUN)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--readme", default=None, help="also rewrite the maps tables of this README (its "
                                                   "'<!-- maps: begin -->' block) from the new report")
@@ -72,6 +72,8 @@ def parse_args(argv=None):
 
 def default_out(args) -> Path:
     date = datetime.date.today().isoformat()
+    if args.relations_only:
+        return Path("outputs/eval") / f"relations-{date}"
     return Path("outputs/eval") / (date if args.control is None else f"control-{args.control}-{date}")
 
 
@@ -116,9 +118,11 @@ def load_model(args):
     """A pipeline folder, or a training run folder (train_config.json and checkpoint.safetensors, no pipeline)."""
     folder = Path(args.model) if args.model else None
     if folder is not None and (folder / "train_config.json").is_file() and not (folder / "model_index.json").exists():
+        if not (folder / "checkpoint.safetensors").is_file():
+            raise UsageError(f"--model {folder} is a run folder without a checkpoint.safetensors to evaluate")
         try:
             return run_pipeline(folder, args.scheduler)
-        except (ValueError, FileNotFoundError, OSError) as e:
+        except (ValueError, TypeError, RuntimeError, OSError) as e:  # TypeError: a config key this code lacks
             raise UsageError(f"--model {folder}: not a run folder this code can load: {e}") from e
     return load_pipeline(args.model, scheduler=args.scheduler, show_progress=not args.quiet)
 
@@ -178,9 +182,11 @@ def evaluation_main(pipe, args) -> int:
 
 def relations_main(pipe, args) -> int:
     """`--relations-only`: the paired relation response and the relation words' similarity, as report.json."""
+    guidance = default_guidance(pipe) if args.guidance is None else args.guidance
     report = {"model": str(args.model or "shipped"), "date": datetime.date.today().isoformat(),
-              "settings": {"seeds": args.seeds, "steps": args.steps, "guidance": args.guidance},
-              "relation_response_paired": paired_relations(pipe, args.seeds, args.steps, args.guidance),
+              "settings": {"seeds": args.seeds, "steps": args.steps, "guidance": guidance,
+                           "scheduler": args.scheduler, "relations_only": True},
+              "relation_response_paired": paired_relations(pipe, args.seeds, args.steps, guidance),
               "relation_word_similarity": relation_word_similarity(pipe)}
     out = publish_report(args, lambda folder: (folder / "report.json").write_text(json.dumps(report, indent=1)))
     print(json.dumps({k: report[k] for k in ("relation_response_paired", "relation_word_similarity")}))

@@ -7,9 +7,10 @@
     python scripts/train.py --grow-from runs/v1 --out runs/v1-pos --position-embedding --steps 16600
 
 --grow-from continues a trained run in a new folder (the old one is only read) with parts added that
-start at identity -- position embeddings, pooled text, self-attention at more levels -- or another
-data mix: the same step, batches, optimizer moments and random streams, so it pairs step for step
-with the run it came from. That is how the levers are measured on a trained model (README, "Session 3").
+start at identity -- position embeddings, pooled text, self-attention at more levels, side hints on the
+text (`--text-variant side-hints`, an ablation: unet/ablation.py) -- or another data mix: the same step,
+batches, optimizer moments and random streams, so it pairs step for step with the run it came from.
+That is how the levers are measured on a trained model (README, "Session 3").
 """
 
 import argparse
@@ -113,6 +114,11 @@ def training_config(args) -> TrainConfig:
         raise UsageError(f"--text-variant {variant}: a run grown from {source} ({cfg.text_variant}) keeps its text "
                          "side, or adds side hints to CLIP's (--text-variant side-hints); any other change would "
                          "not start where the run stopped")
+    gain = changes.get("side_hint_gain", cfg.side_hint_gain)
+    if gain != cfg.side_hint_gain and (variant != "side-hints" or cfg.text_variant == "side-hints"):
+        why = ("it applies only with --text-variant side-hints" if variant != "side-hints" else
+               f"{source} has side hints at gain {cfg.side_hint_gain}; another would change what its table adds")
+        raise UsageError(f"--side-hint-gain {gain}: {why}")
     if int(step) >= cfg.steps:
         raise UsageError(f"--steps {cfg.steps}: {source} is at step {step} already; give --steps above it")
     return dataclasses.replace(cfg, **changes, grown_from=f"{source}@{step}", resume=False)

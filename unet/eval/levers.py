@@ -44,6 +44,8 @@ def read_rows(specs: list[str]) -> list[dict]:
             report = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"{spec!r}: {path} is not a readable evaluation report ({e})") from e
+        if "prompt_following" not in report:
+            raise ValueError(f"{spec!r}: {path} is not a full evaluation report (a --relations-only one?)")
         rows.append(lever_row(label, int(step), report))
     return rows
 
@@ -61,7 +63,8 @@ def write_levers(rows: list[dict], out: Path, title: str) -> None:
     for r in rows:
         cells = [r["arm"], f"{r['step']:,}", *(_fmt(r[t]) for t in TASKS), _fmt(r["overall"]), _fmt(r["grain"], 2),
                  f"{_fmt(r['shape_miou'])} / {_fmt(r['shape_pointing'])}",
-                 f"{_fmt(r['horizontal'], 2)} / {_fmt(r['vertical'], 2)}{'' if r.get('response_paired') else ' u'}",
+                 f"{_fmt(r['horizontal'], 2)} / {_fmt(r['vertical'], 2)}"
+                 f"{' u' if not r.get('response_paired') and r['horizontal'] is not None else ''}",
                  _fmt(r["left_right_similarity"], 4)]
         lines.append("| " + " | ".join(cells) + " |")
     (out / "levers.md").write_text("\n".join(lines) + "\n")

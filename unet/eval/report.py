@@ -113,8 +113,9 @@ def markdown(report: dict, title: str) -> str:
                   "word), position images with both objects found; 0 = the word is ignored, 1 = obeyed): "
                   + ", ".join(cells) + ".", ""]
     if "relation_response_paired" in pf:
-        cells = [f"{axis} {_fmt(v['response'])} (order moved in {_fmt(v['moved'])} of {v['pairs']} pairs, images "
-                 f"differ by {_fmt(v['pixel_difference'])}/255)" for axis, v in pf["relation_response_paired"].items()]
+        cells = [f"{axis} {_fmt(v['response'])} (order moved in a share {_fmt(v['moved'])} of {v['pairs']} pairs, "
+                 f"images differ by {_fmt(v['pixel_difference'])}/255)"
+                 for axis, v in pf["relation_response_paired"].items()]
         lines += ["Relation response, paired (the same, from images of opposite words sampled from the same noise, on "
                   "seeds of their own; exact: a word the model ignores gives 0 and images that differ by 0): "
                   + ", ".join(cells) + ".", ""]
