@@ -190,8 +190,8 @@ def resumed_config(cfg: TrainConfig, saved: dict) -> TrainConfig:
 
 
 def build_components(cfg: TrainConfig, folder: Path, tokenizer=None):
-    """Tokenizer, text encoder and a fresh U-Net for `cfg`: our own vocabulary, written into `folder`, unless
-    `cfg.clip` or a `tokenizer` (a run's own, as saved) is given."""
+    """Tokenizer, text side (`cfg.text_variant`'s) and a fresh U-Net for `cfg`: our own vocabulary, written into
+    `folder`, unless `cfg.clip` or a `tokenizer` (a run's own, as saved) is given."""
     if cfg.clip:
         tokenizer, text_encoder = load_tokenizer(cfg.clip), load_text_encoder(cfg.clip)
         text_encoder.requires_grad_(False)
@@ -202,7 +202,7 @@ def build_components(cfg: TrainConfig, folder: Path, tokenizer=None):
     unet = UNet(sample_size=cfg.size, channels=tuple(cfg.channels), cross_attention=tuple(cfg.cross_attention),
                 self_attention=tuple(cfg.self_attention), context_dim=text_encoder.config.hidden_size,
                 heads=cfg.heads, position_embedding=cfg.position_embedding, pooled_text=cfg.pooled_text)
-    return tokenizer, text_encoder, unet
+    return tokenizer, text_variant(cfg, tokenizer, text_encoder), unet
 
 
 # Parameters a resumed run may lack in its checkpoint: the parts `grow` can add to a trained model without
@@ -279,7 +279,6 @@ def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
     cfg = resumed_config(TrainConfig(out=str(folder)), json.loads((folder / "train_config.json").read_text()))
     tokenizer = None if cfg.clip else load_tokenizer(folder / "tokenizer")  # the run's own vocabulary
     tokenizer, text_encoder, unet = build_components(cfg, folder, tokenizer)
-    text_encoder = text_variant(cfg, tokenizer, text_encoder)
     tensors, _ = checkpoint.load(folder / "checkpoint.safetensors")
     for prefix, module in (("ema", unet), ("ema_text", text_encoder)):
         # a folder --grow-from just made holds its source's checkpoint until its first save: grow it here too
@@ -359,7 +358,6 @@ class Trainer:
             (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
 
         self.tokenizer, self.text_encoder, self.unet = build_components(cfg, self.out)
-        self.text_encoder = text_variant(cfg, self.tokenizer, self.text_encoder)
         self.unet.to(memory_format=torch.channels_last)  # ~20% faster convolutions on CPU (oneDNN)
         self.ema = copy.deepcopy(self.unet).requires_grad_(False)
         self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)

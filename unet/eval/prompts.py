@@ -112,7 +112,7 @@ def paired_relation_response(pairs: list[tuple], axis: str) -> dict:
     Both images of a pair start from the same noise, so a word the model ignores gives the same image twice and
     a response of exactly 0, whatever the noise favours; unpaired, the noise's own bias shows up as response.
     `moved` is the share of pairs (both objects found in both) whose order along the axis the word changed."""
-    index, sign = RELATION_SIDES[OPPOSITE_RELATIONS[axis][0]]
+    _, sign = RELATION_SIDES[OPPOSITE_RELATIONS[axis][0]]
     found = [(a, b) for a, b, _ in pairs if a is not None and b is not None]
     first = [np.sign(a) == sign for a, _ in found]
     second = [np.sign(b) == sign for _, b in found]
