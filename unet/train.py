@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from diffusers import DDPMScheduler
+from diffusers.training_utils import compute_density_for_timestep_sampling
 from tqdm.auto import tqdm
 
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
@@ -42,6 +43,7 @@ from .signals import DeferredSignals
 TRAIN_MAX_SEED = 2 ** 32 - 1
 
 TEXT_VARIANTS = ("clip", "bidirectional", "oracle", "side-hints")
+TIMESTEP_SAMPLING = ("uniform", "layout-share", "logit-normal")
 
 
 @dataclass
@@ -64,6 +66,13 @@ class TrainConfig:
     prediction_type: str = "v_prediction"  # or "epsilon"; an epsilon model cannot predict x0 at zero SNR
     zero_terminal_snr: bool = True  # rescale the schedule so t = T is pure noise, as sampling assumes
     min_snr_gamma: float = 5.0  # weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0: none
+    # Which t each training image is noised to (`sample_timesteps`). Layout is decided only at the noisiest steps
+    # (below t ~ 900 the noisy image already shows where each object is), which uniform t visits 10 % of the time.
+    timestep_sampling: str = "uniform"  # or "layout-share" or "logit-normal"
+    layout_share: float = 0.5  # layout-share: this share of t is drawn from the top `layout_fraction` of the schedule
+    layout_fraction: float = 0.1  # the top tenth of 1000 steps: t in [900, 999]
+    logit_mean: float = 1.0  # logit-normal (SD3 section 3.1): t / T = sigmoid(N(mean, std)); mean > 0 leans to noise
+    logit_std: float = 1.0
     text_variant: str = "clip"  # ablations only (unet/ablation.py): "bidirectional", "oracle", "side-hints"
     side_hint_gain: float = 1.0  # side-hints: the table's output is gain x its weights, so it learns gain x faster
     snapshot_every: int = 0  # > 0: keep the EMA pipeline every so many steps in OUT/snapshots (for scaling curves)
@@ -103,6 +112,15 @@ class TrainConfig:
         if self.text_variant not in TEXT_VARIANTS:
             raise ValueError(f"text_variant must be one of {', '.join(map(repr, TEXT_VARIANTS))}, "
                              f"got {self.text_variant!r}")
+        if self.timestep_sampling not in TIMESTEP_SAMPLING:
+            raise ValueError(f"timestep_sampling must be one of {', '.join(map(repr, TIMESTEP_SAMPLING))}, "
+                             f"got {self.timestep_sampling!r}")
+        for name in ("layout_share", "layout_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be in (0, 1], got {getattr(self, name)}")
+        if not (math.isfinite(self.logit_mean) and math.isfinite(self.logit_std) and self.logit_std > 0):
+            raise ValueError(f"--logit-mean must be finite and --logit-std finite and > 0, got {self.logit_mean} "
+                             f"and {self.logit_std}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if self.data is not None and not Path(self.data).is_dir():
@@ -328,6 +346,23 @@ def loss_weight(snr: torch.Tensor, prediction_type: str, gamma: float) -> torch.
     return snr.clamp(max=gamma) / snr
 
 
+def sample_timesteps(cfg: TrainConfig, batch_size: int, num_train_timesteps: int,
+                     generator: torch.Generator) -> torch.Tensor:
+    """The training timesteps (B,) int64 in [0, T), drawn from `generator` by `cfg.timestep_sampling`; t = T - 1 is
+    pure noise. "uniform" draws exactly what runs before this option drew, so old runs resume bit for bit."""
+    T = num_train_timesteps
+    t = torch.randint(0, T, (batch_size,), generator=generator)
+    if cfg.timestep_sampling == "layout-share":
+        low = T - max(1, round(cfg.layout_fraction * T))
+        top = torch.randint(low, T, (batch_size,), generator=generator)
+        t = torch.where(torch.rand(batch_size, generator=generator) < cfg.layout_share, top, t)
+    elif cfg.timestep_sampling == "logit-normal":
+        u = compute_density_for_timestep_sampling("logit_normal", batch_size, logit_mean=cfg.logit_mean,
+                                                  logit_std=cfg.logit_std, generator=generator)
+        t = (u * T).long().clamp(max=T - 1)
+    return t
+
+
 def fresh_batch(seed: int, step: int, batch_size: int, size: int,
                 single_share: float = 0.4) -> tuple[torch.Tensor, list[str]]:
     """`batch_size` new scenes drawn from (seed, step): images (B, 3, H, W) uint8 and captions.
@@ -399,7 +434,7 @@ class Trainer:
                              truncation=True, return_tensors="pt").input_ids.to(device)
         context = self.text_encoder(ids).last_hidden_state  # (B, T, D), one encoding shared by all layers
         noise = torch.randn(images.shape, generator=self.noise_gen).to(device)
-        t = torch.randint(0, self.scheduler.config.num_train_timesteps, (len(images),), generator=self.noise_gen)
+        t = sample_timesteps(self.cfg, len(images), self.scheduler.config.num_train_timesteps, self.noise_gen)
         images, t = images.to(device), t.to(device)
         noisy = self.scheduler.add_noise(images, noise, t)
         pred = self.unet(noisy, t, encoder_hidden_states=context)
