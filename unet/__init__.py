@@ -6,6 +6,6 @@ The pipeline's `model_index.json` names `unet.model.UNet`; importing it here let
 """
 
 from .model import UNet
-from .pipeline import PRETRAINED, ScenePipeline, make_scheduler
+from .pipeline import PRETRAINED, ScenePipeline, load_pipeline, make_scheduler
 
-__all__ = ["PRETRAINED", "ScenePipeline", "UNet", "make_scheduler"]
+__all__ = ["PRETRAINED", "ScenePipeline", "UNet", "load_pipeline", "make_scheduler"]
