@@ -13,7 +13,8 @@ from unet.data import SceneSampler
 from unet.eval.detect import detect
 from unet.eval.prompts import background_grain
 from unet.eval.scaling import best_row, wall_minutes, write_scaling
-from unet.train import Trainer, loss_weight, noise_scheduler
+from unet.recipe import loss_weight, noise_scheduler
+from unet.train import Trainer
 
 
 @pytest.mark.parametrize("name", ["ddim", "ddpm", "dpm"])
@@ -133,7 +134,7 @@ def test_wall_minutes_adds_resumed_sessions(tmp_path):
 def test_ablation_text_sides(tmp_path):
     """The oracle resolves each object's side from the relation; the bidirectional encoder lets the first
     object's tokens see what follows, which CLIP's causal mask forbids."""
-    from unet.ablation import SIDE_IDS, BidirectionalText, token_roles
+    from unet.text_variants import SIDE_IDS, BidirectionalText, token_roles
     from unet.train import build_components
     roles = token_roles("a red circle right of a blue square".split())
     assert roles[1] == (1, SIDE_IDS["right"]) and roles[7] == (2, SIDE_IDS["left"]) and roles[3] == (0, 0)

@@ -8,7 +8,8 @@ import torch
 from conftest import tiny_config
 
 from unet.cli import train as train_script
-from unet.train import TrainConfig, Trainer, resumed_config, sample_timesteps
+from unet.recipe import sample_timesteps
+from unet.train import TrainConfig, Trainer, resumed_config
 
 
 def draws(mode, n=20000, **kw):

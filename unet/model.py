@@ -93,7 +93,7 @@ class UNet(ModelMixin, ConfigMixin):
         self.time_mlp = nn.Sequential(nn.Linear(channels[0], time_dim), nn.SiLU(), nn.Linear(time_dim, time_dim))
         self.conv_in = nn.Conv2d(in_channels, channels[0], 3, padding=1)
         self.pooled_text_proj = nn.Linear(context_dim, time_dim) if pooled_text else None
-        if pooled_text:  # zero: a model that gains it computes what it did before (unet.train.grow)
+        if pooled_text:  # zero: a model that gains it computes what it did before (unet.growth.grow)
             nn.init.zeros_(self.pooled_text_proj.weight)
             nn.init.zeros_(self.pooled_text_proj.bias)
 

@@ -22,28 +22,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
-from diffusers import DDPMScheduler
-from diffusers.training_utils import compute_density_for_timestep_sampling
 from tqdm.auto import tqdm
 
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
 from . import checkpoint
-from .ablation import BidirectionalText, OracleSlots, SideHints
 from .data import SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
 from .folders import partial_folder, publish  # what the commands share for interrupts and result folders
+from .growth import load_weights, remap_moments
 from .model import UNet
 from .pipeline import ScenePipeline, check_seed, make_scheduler
+from .recipe import TIMESTEP_SAMPLING, diffusion_loss, lr_at, noise_scheduler, sample_timesteps
 from .signals import DeferredSignals
+from .text_variants import TEXT_VARIANTS, text_side
 
 # Training derives torch seeds from its seed (seed + step, seed * 100003 + epoch), and torch's must fit in
 # 64 bits: 32-bit seeds keep them in range for any run length (sampling takes all 64 bits: pipeline.MAX_SEED).
 TRAIN_MAX_SEED = 2 ** 32 - 1
 
-TEXT_VARIANTS = ("clip", "bidirectional", "oracle", "side-hints")
-TIMESTEP_SAMPLING = ("uniform", "layout-share", "logit-normal")
 
 
 @dataclass
@@ -73,7 +70,7 @@ class TrainConfig:
     layout_fraction: float = 0.1  # the top tenth of 1000 steps: t in [900, 999]
     logit_mean: float = 1.0  # logit-normal (SD3 section 3.1): t / T = sigmoid(N(mean, std)); mean > 0 leans to noise
     logit_std: float = 1.0
-    text_variant: str = "clip"  # ablations only (unet/ablation.py): "bidirectional", "oracle", "side-hints"
+    text_variant: str = "clip"  # ablations only (unet/text_variants.py): "bidirectional", "oracle", "side-hints"
     side_hint_gain: float = 1.0  # side-hints: the table's output is gain x its weights, so it learns gain x faster
     snapshot_every: int = 0  # > 0: keep the EMA pipeline every so many steps in OUT/snapshots (for scaling curves)
     seed: int = 0
@@ -220,59 +217,7 @@ def build_components(cfg: TrainConfig, folder: Path, tokenizer=None):
     unet = UNet(sample_size=cfg.size, channels=tuple(cfg.channels), cross_attention=tuple(cfg.cross_attention),
                 self_attention=tuple(cfg.self_attention), context_dim=text_encoder.config.hidden_size,
                 heads=cfg.heads, position_embedding=cfg.position_embedding, pooled_text=cfg.pooled_text)
-    return tokenizer, text_variant(cfg, tokenizer, text_encoder), unet
-
-
-# Parameters a resumed run may lack in its checkpoint: the parts `grow` can add to a trained model without
-# changing what it computes (position embeddings, the pooled text projection and the side hints of
-# `--text-variant side-hints` start at zero, a new self-attention's output projection is zeroed).
-GROWABLE = (".position.", ".pooled_text_proj.", ".attn1.", ".norm1.", ".side_hint.")
-
-
-def grow(module: torch.nn.Module, loaded: set[str], prefix: str) -> list[str]:
-    """Make the parameters of `module` that the checkpoint lacked (`loaded`: the names it had) start at identity.
-
-    Returns their names. A position embedding is zero from its constructor; a new self-attention's output
-    projection is zeroed here, so the block adds nothing until training finds a use for it (as ControlNet's
-    zero convolutions do). Any other missing parameter is an error: it would start from random weights.
-    """
-    new = [n for n, _ in module.named_parameters() if f"{prefix}.{n}" not in loaded]
-    wrong = [n for n in new if not any(g in f".{n}" for g in GROWABLE)]
-    if wrong:
-        raise ValueError(f"the checkpoint lacks {len(wrong)} weights of this model (e.g. {prefix}.{wrong[0]}) that "
-                         "cannot start at identity: it was made for another architecture; only position "
-                         "embeddings, pooled text, self-attention and side hints can be added to a trained run")
-    for name, sub in module.named_modules():
-        if name.endswith("attn1") and f"{prefix}.{name}.to_out.0.weight" not in loaded:
-            torch.nn.init.zeros_(sub.to_out[0].weight)
-            torch.nn.init.zeros_(sub.to_out[0].bias)
-    return new
-
-
-def load_weights(module: torch.nn.Module, tensors: dict, prefix: str, path: Path) -> list[str]:
-    """Load `module` from the checkpoint tensors named `prefix.*`, growing the parts it lacks (`grow`); returns
-    their names. ValueError for any other missing or unexpected weight: a checkpoint of another model."""
-    new = grow(module, set(tensors), prefix)
-    missing, unexpected = module.load_state_dict(
-        {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}, strict=False)
-    if set(missing) - set(new):
-        raise ValueError(f"{path} lacks {prefix}.{sorted(set(missing) - set(new))[0]}: it is not a checkpoint of "
-                         "this model")
-    if unexpected:
-        raise ValueError(f"{path} holds weights this model lacks (e.g. {prefix}.{unexpected[0]}): its "
-                         "train_config.json does not describe the checkpoint's architecture")
-    return new
-
-
-def text_variant(cfg: TrainConfig, tokenizer, text_encoder):
-    """The text side `cfg.text_variant` trains: CLIP's causal encoder itself, or an ablation (unet/ablation.py)."""
-    if cfg.text_variant == "bidirectional":
-        return BidirectionalText(text_encoder)
-    if cfg.text_variant == "oracle":
-        return OracleSlots(tokenizer, text_encoder.config.hidden_size)
-    if cfg.text_variant == "side-hints":
-        return SideHints(text_encoder, tokenizer, cfg.side_hint_gain)
-    return text_encoder
+    return tokenizer, text_side(cfg.text_variant, tokenizer, text_encoder, cfg.side_hint_gain), unet
 
 
 def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.optim.AdamW, list[str]]:
@@ -315,52 +260,6 @@ def training_data(cfg: TrainConfig) -> SceneDataset | None:
     if cfg.num_samples:
         return SceneDataset.generate(cfg.num_samples, cfg.seed, cfg.size, cfg.size)
     return None
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up, then constant or cosine decay from lr to min_lr.
-
-    A cosine schedule depends on the run's length, so extending a run with --resume restarts it high:
-    that warm restart was one cause of the colour collapse in longer training (README).
-    """
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
-
-
-def noise_scheduler(prediction_type: str = "v_prediction", zero_terminal_snr: bool = True) -> DDPMScheduler:
-    return DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", prediction_type=prediction_type,
-                         rescale_betas_zero_snr=zero_terminal_snr, clip_sample=True)
-
-
-def loss_weight(snr: torch.Tensor, prediction_type: str, gamma: float) -> torch.Tensor:
-    """Min-SNR weights (B,). For v, min(snr + 1, gamma) / (snr + 1): 1 at zero SNR, where layout and colour are
-    decided (diffusers' min(snr, gamma) / (snr + 1) would give that step no weight at all)."""
-    if gamma <= 0:
-        return torch.ones_like(snr)
-    if prediction_type == "v_prediction":
-        return (snr + 1).clamp(max=gamma) / (snr + 1)
-    return snr.clamp(max=gamma) / snr
-
-
-def sample_timesteps(cfg: TrainConfig, batch_size: int, num_train_timesteps: int,
-                     generator: torch.Generator) -> torch.Tensor:
-    """The training timesteps (B,) int64 in [0, T), drawn from `generator` by `cfg.timestep_sampling`; t = T - 1 is
-    pure noise. "uniform" draws exactly what runs before this option drew, so old runs resume bit for bit."""
-    T = num_train_timesteps
-    t = torch.randint(0, T, (batch_size,), generator=generator)
-    if cfg.timestep_sampling == "layout-share":
-        low = T - max(1, round(cfg.layout_fraction * T))
-        top = torch.randint(low, T, (batch_size,), generator=generator)
-        t = torch.where(torch.rand(batch_size, generator=generator) < cfg.layout_share, top, t)
-    elif cfg.timestep_sampling == "logit-normal":
-        u = compute_density_for_timestep_sampling("logit_normal", batch_size, logit_mean=cfg.logit_mean,
-                                                  logit_std=cfg.logit_std, generator=generator)
-        t = (u * T).long().clamp(max=T - 1)
-    return t
 
 
 def fresh_batch(seed: int, step: int, batch_size: int, size: int,
@@ -436,17 +335,8 @@ class Trainer:
         noise = torch.randn(images.shape, generator=self.noise_gen).to(device)
         t = sample_timesteps(self.cfg, len(images), self.scheduler.config.num_train_timesteps, self.noise_gen)
         images, t = images.to(device), t.to(device)
-        noisy = self.scheduler.add_noise(images, noise, t)
-        pred = self.unet(noisy, t, encoder_hidden_states=context)
-        if self.cfg.prediction_type == "v_prediction":
-            target = self.scheduler.get_velocity(images, noise, t)  # sqrt(a) noise - sqrt(1 - a) x0
-        else:
-            target = noise
-        alphas = self.scheduler.alphas_cumprod.to(device)[t]
-        snr = alphas / (1 - alphas)  # (B,); 0 at t = T under zero terminal SNR
-        weight = loss_weight(snr, self.cfg.prediction_type, self.cfg.min_snr_gamma)
-        per_image = F.mse_loss(pred, target, reduction="none").mean(dim=(1, 2, 3))
-        return (weight * per_image).mean()
+        return diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
+                              self.cfg.min_snr_gamma)
 
     @torch.no_grad()
     def update_ema(self):
@@ -477,7 +367,6 @@ class Trainer:
     def _load_checkpoint(self):
         tensors, metadata = checkpoint.load(self.ckpt_path)
         self.step = self.saved_step = int(metadata["step"])
-        loaded = set(tensors)
         grown = []
         for prefix, module in (("unet", self.unet), ("text", self.text_encoder), ("ema", self.ema),
                                ("ema_text", self.ema_text)):
@@ -486,15 +375,7 @@ class Trainer:
         if grown:
             print(f"grown from the model of step {self.step}: {len(grown)} new weight tensors (with the EMA's) "
                   "start at identity")
-        # Optimizer moments are saved by parameter id, in `build_optimizer`'s order. The checkpoint's ids are
-        # that order without the grown parameters (they are only ever added), so map through the names.
-        saved_names = [n for n in self.param_names if n in loaded]
-        state = self.optimizer.state_dict()
-        for saved_pid, name in enumerate(saved_names):
-            keys = [k for k in tensors if k.startswith(f"opt.{saved_pid}.")]
-            if keys:
-                state["state"][self.param_names.index(name)] = {k.split(".", 2)[2]: tensors[k] for k in keys}
-        self.optimizer.load_state_dict(state)
+        remap_moments(self.optimizer, self.param_names, tensors)
         self.noise_gen.set_state(tensors["rng.noise"])
         torch.set_rng_state(tensors["rng.torch"])
 

@@ -4,7 +4,7 @@
     python scripts/ablation.py runs/v1 --variant bidirectional --steps 800 --out runs/ablate-bidir
 
 The variant trains with RUN's train_config.json (same U-Net, batch, seed, data), only the text side
-differs (unet/ablation.py); compare with RUN's snapshot at the same step (scripts/scaling.py, same
+differs (unet/text_variants.py); compare with RUN's snapshot at the same step (scripts/scaling.py, same
 quick evaluation and seeds). Writes OUT/ablation.json.
 """
 

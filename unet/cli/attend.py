@@ -30,6 +30,7 @@ from ..attend import (
     record_noised,
 )
 from ..pipeline import PRETRAINED, Settings, load_pipeline
+from ..run_folder import attend_name, map_store, run_maps, write_run_files
 from . import (
     UsageError,
     check_out_dir,
@@ -41,7 +42,6 @@ from . import (
     sigterm_as_interrupt,
     usage_error,
 )
-from .generate import _slug, map_store, run_maps, write_run_files
 
 
 def attend_one(pipe, image, prompt: str, out_dir: Path, model_name: str, timestep: int = ATTEND_TIMESTEP,
@@ -66,7 +66,7 @@ def attend_one(pipe, image, prompt: str, out_dir: Path, model_name: str, timeste
                 **({"refinement": asdict(refinement)} if maps == "refined" else {}),
                 "model": model_name, "source": source, "source_notes": notes or [], "timings": timings}
         write_run_files(tmp, image[None], word_tensor, tensors, words, None, meta, store, kinds)
-        return publish(tmp, out_dir / f"{_slug(prompt)}-t{timestep}-s{seed}", replace=overwrite)
+        return publish(tmp, out_dir / attend_name(prompt, timestep, seed), replace=overwrite)
 
 
 def parse_args(argv=None):

@@ -8,7 +8,7 @@
 
 --grow-from continues a trained run in a new folder (the old one is only read) with parts added that
 start at identity -- position embeddings, pooled text, self-attention at more levels, side hints on the
-text (`--text-variant side-hints`, an ablation: unet/ablation.py) -- or another data mix: the same step,
+text (`--text-variant side-hints`, an ablation: unet/text_variants.py) -- or another data mix: the same step,
 batches, optimizer moments and random streams, so it pairs step for step with the run it came from.
 That is how the levers are measured on a trained model (README, "Session 3").
 """

@@ -157,7 +157,7 @@ def throughput(pipe, steps, batch_sizes, repeats) -> dict:
 def training_step(pipe, batch_size):
     """A closure running one optimisation step (forward, backward, AdamW at lr 0, so the model is unchanged)
     of the pipeline's U-Net and text encoder on a batch of `batch_size`."""
-    from unet.train import noise_scheduler
+    from unet.recipe import noise_scheduler
     unet, text = pipe.unet, pipe.text_encoder
     params = [p for p in list(unet.parameters()) + list(text.parameters())]
     opt = torch.optim.AdamW(params, lr=0.0)

@@ -1,4 +1,7 @@
-"""Text-side ablations: is it the text encoder or the image model that limits relations and binding?
+"""Text sides the U-Net can train with (`TrainConfig.text_variant`): CLIP's causal encoder, as shipped, and the
+ablations that ask whether the text encoder or the image model limits relations and binding.
+
+- "clip": transformers' CLIPTextModel itself, causal as in Stable Diffusion (what ships).
 
 - "bidirectional": the same CLIP text model without its causal mask, so the first object's tokens
   can see the relation ("left of") that comes after them.
@@ -25,6 +28,8 @@ import torch
 from torch import nn
 
 from .data import COLORS, SHAPES
+
+TEXT_VARIANTS = ("clip", "bidirectional", "oracle", "side-hints")
 
 SIDES = {"left of": ("left", "right"), "right of": ("right", "left"), "above": ("top", "bottom"),
          "below": ("bottom", "top")}
@@ -127,3 +132,14 @@ class SideHints(_Encoder):
         hidden = self._clip(input_ids=input_ids).last_hidden_state  # (B, T, D), after the final norm
         _, sides = caption_roles(self.tokenizer, input_ids)
         return SimpleNamespace(last_hidden_state=hidden + self.gain * self.side_hint(sides.to(hidden.device)))
+
+
+def text_side(variant: str, tokenizer, text_encoder, side_hint_gain: float = 1.0):
+    """The text side `variant` (one of `TEXT_VARIANTS`) trains: CLIP's causal encoder itself, or an ablation."""
+    if variant == "bidirectional":
+        return BidirectionalText(text_encoder)
+    if variant == "oracle":
+        return OracleSlots(tokenizer, text_encoder.config.hidden_size)
+    if variant == "side-hints":
+        return SideHints(text_encoder, tokenizer, side_hint_gain)
+    return text_encoder

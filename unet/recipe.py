@@ -1,0 +1,86 @@
+"""The training recipe: the noise schedule, where each image's t is drawn, the loss and its weight, the learning
+rate. The loop that runs it is unet/train.py; `TrainConfig` there holds every value named here.
+
+v-prediction on a schedule rescaled to zero terminal SNR (Lin et al. 2024), so t = T - 1 is pure noise and the
+model can still predict x0 there, where layout and colour are decided.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from diffusers import DDPMScheduler
+from diffusers.training_utils import compute_density_for_timestep_sampling
+
+if TYPE_CHECKING:
+    from .train import TrainConfig
+
+TIMESTEP_SAMPLING = ("uniform", "layout-share", "logit-normal")
+
+
+def noise_scheduler(prediction_type: str = "v_prediction", zero_terminal_snr: bool = True) -> DDPMScheduler:
+    """The training schedule; sampling schedulers are made from its config (`pipeline.make_scheduler`)."""
+    return DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", prediction_type=prediction_type,
+                         rescale_betas_zero_snr=zero_terminal_snr, clip_sample=True)
+
+
+def loss_weight(snr: torch.Tensor, prediction_type: str, gamma: float) -> torch.Tensor:
+    """Min-SNR weights (B,). For v, min(snr + 1, gamma) / (snr + 1): 1 at zero SNR, where layout and colour are
+    decided (diffusers' min(snr, gamma) / (snr + 1) would give that step no weight at all)."""
+    if gamma <= 0:
+        return torch.ones_like(snr)
+    if prediction_type == "v_prediction":
+        return (snr + 1).clamp(max=gamma) / (snr + 1)
+    return snr.clamp(max=gamma) / snr
+
+
+def sample_timesteps(cfg: TrainConfig, batch_size: int, num_train_timesteps: int,
+                     generator: torch.Generator) -> torch.Tensor:
+    """The training timesteps (B,) int64 in [0, T), drawn from `generator` by `cfg.timestep_sampling`; t = T - 1 is
+    pure noise. "uniform" draws exactly what runs before this option drew, so old runs resume bit for bit."""
+    T = num_train_timesteps
+    t = torch.randint(0, T, (batch_size,), generator=generator)
+    if cfg.timestep_sampling == "layout-share":
+        low = T - max(1, round(cfg.layout_fraction * T))
+        top = torch.randint(low, T, (batch_size,), generator=generator)
+        t = torch.where(torch.rand(batch_size, generator=generator) < cfg.layout_share, top, t)
+    elif cfg.timestep_sampling == "logit-normal":
+        u = compute_density_for_timestep_sampling("logit_normal", batch_size, logit_mean=cfg.logit_mean,
+                                                  logit_std=cfg.logit_std, generator=generator)
+        t = (u * T).long().clamp(max=T - 1)
+    return t
+
+
+def diffusion_loss(unet, scheduler: DDPMScheduler, images: torch.Tensor, context: torch.Tensor, noise: torch.Tensor,
+                   t: torch.Tensor, prediction_type: str, min_snr_gamma: float) -> torch.Tensor:
+    """The weighted denoising loss (a scalar) of clean `images` (B, 3, H, W) noised with `noise` to timesteps `t`
+    (B,), conditioned on the text encoding `context` (B, T, D)."""
+    noisy = scheduler.add_noise(images, noise, t)
+    pred = unet(noisy, t, encoder_hidden_states=context)
+    if prediction_type == "v_prediction":
+        target = scheduler.get_velocity(images, noise, t)  # sqrt(a) noise - sqrt(1 - a) x0
+    else:
+        target = noise
+    alphas = scheduler.alphas_cumprod.to(images.device)[t]
+    snr = alphas / (1 - alphas)  # (B,); 0 at t = T under zero terminal SNR
+    weight = loss_weight(snr, prediction_type, min_snr_gamma)
+    per_image = F.mse_loss(pred, target, reduction="none").mean(dim=(1, 2, 3))
+    return (weight * per_image).mean()
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then constant or cosine decay from lr to min_lr.
+
+    A cosine schedule depends on the run's length, so extending a run with --resume restarts it high:
+    that warm restart was one cause of the colour collapse in longer training
+    (docs/experiments/).
+    """
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
