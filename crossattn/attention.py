@@ -67,7 +67,7 @@ def attention(
     Returns the per-head values `(B, N, heads * head_dim)` (before the output projection) and,
     if `return_weights`, the softmax weights `(B, heads, N, T)`; otherwise the fused kernel runs
     and the weights are None. `edit`, if given, takes the softmax weights and returns the weights
-    that weigh the Values instead (steering, `crossattn.control`); it forces the explicit path.
+    that weigh the Values instead (control, `crossattn.control`); it forces the explicit path.
     """
     mask = _check_mask(mask, x.shape[0], context.shape[1])
     q, k, v = to_q(x), to_k(context), to_v(context)  # (B, N, inner), (B, T, inner), (B, T, inner)

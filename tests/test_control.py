@@ -74,7 +74,7 @@ def test_replaying_own_attention_reproduces_images(tiny_pipeline):
     with recorder.attach(tiny_pipeline.unet):
         source = run(tiny_pipeline, controller=recorder, images=2)
     assert recorder.recording.weights and len(recorder.recording.latents) == 4
-    assert torch.allclose(source, run(tiny_pipeline, images=2), atol=1e-5)  # recording does not steer
+    assert torch.allclose(source, run(tiny_pipeline, images=2), atol=1e-5)  # recording does not change the images
     own = align_prompts(tiny_pipeline.tokenizer, PROMPT, PROMPT)
     replay = Controller(edit=Edit(recorder.recording, own, cross_replace_steps=1.0, self_replace_steps=1.0,
                                   local_blend=False))
@@ -174,11 +174,11 @@ def test_excite_in_the_pipeline_keeps_the_store_clean(tiny_pipeline):
     store = AttentionStore()
     controller = Controller(excite=excite_for(tiny_pipeline, prompt, "circle", "square"))
     with store.attach(tiny_pipeline.unet), controller.attach(tiny_pipeline.unet):
-        steered = run(tiny_pipeline, prompt, controller=controller, store=store, steps=5)
+        controlled = run(tiny_pipeline, prompt, controller=controller, store=store, steps=5)
     assert [e["step"] for e in controller.excite_log] == [0, 1, 2]  # the first half of 5 steps, rounded
     assert sum(store.counts.values()) == 5 * len(store.layers)  # the gradient passes were not recorded
     assert all(s.shape[0] == 1 for s in store.sums.values())
-    assert not torch.equal(steered, run(tiny_pipeline, prompt, steps=5))
+    assert not torch.equal(controlled, run(tiny_pipeline, prompt, steps=5))
     sched = excite_for(tiny_pipeline, prompt, "circle").schedule(50)
     assert sched[0] == 25 and sched[1] == {0: 0.05, 10: 0.5, 20: 0.8}  # the paper's schedule at 50 steps
     assert sched[2][0] == pytest.approx(20.0) and sched[2][-1] == pytest.approx(20 * 0.5 ** 0.5)
@@ -233,7 +233,7 @@ def cli(tiny_pipeline_dir, out, *args):
     return main([*args, "--model", str(tiny_pipeline_dir), "--out", str(out), "--steps", "3", "--quiet"])
 
 
-def test_cli_writes_plain_and_steered_side_by_side(tiny_pipeline_dir, tmp_path, capsys):
+def test_cli_writes_plain_and_controlled_side_by_side(tiny_pipeline_dir, tmp_path, capsys):
     import json
 
     from PIL import Image
@@ -249,11 +249,11 @@ def test_cli_writes_plain_and_steered_side_by_side(tiny_pipeline_dir, tmp_path, 
     assert control["excite"] == ["square"] and control["excite_log"][0]["step"] == 0  # the object words
     assert control["local_blend"] and control["cross_replace_steps"] == 0.8
     assert control["timings"]["sampling_s"] > 0 and control["timings"]["record_source_s"] > 0
-    assert control["images"] == ["steered/image_0.png", "steered/image_1.png"]
+    assert control["images"] == ["controlled/image_0.png", "controlled/image_1.png"]
     assert all((folder / name).exists() for name in control["images"])
-    assert load_file(str(folder / "steered" / "maps.safetensors"))["2_square"].shape == (2, 16, 16)
-    plain, steered = Image.open(folder / "overlay.png"), Image.open(folder / "steered" / "overlay.png")
-    assert Image.open(folder / "compare.png").width > plain.width + steered.width - 100  # side by side
+    assert load_file(str(folder / "controlled" / "maps.safetensors"))["2_square"].shape == (2, 16, 16)
+    plain, controlled = Image.open(folder / "overlay.png"), Image.open(folder / "controlled" / "overlay.png")
+    assert Image.open(folder / "compare.png").width > plain.width + controlled.width - 100  # side by side
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]
     assert str(folder / "compare.png") in capsys.readouterr().out
 
@@ -270,7 +270,7 @@ def test_cli_writes_plain_and_steered_side_by_side(tiny_pipeline_dir, tmp_path, 
     (["a red circle", "--edit", "a red square", "--cross-replace-steps", "2"], "--cross-replace-steps must be"),
     (["a red circle", "--edit", "a red square", "--reweight", "circle=2"], "--reweight: ['circle'] not in"),
 ])
-def test_cli_bad_steering_input_exits_2_and_writes_nothing(tiny_pipeline_dir, tmp_path, capsys, args, message):
+def test_cli_bad_control_input_exits_2_and_writes_nothing(tiny_pipeline_dir, tmp_path, capsys, args, message):
     out = tmp_path / "out"
     assert cli(tiny_pipeline_dir, out, *args) == 2
     err = capsys.readouterr().err.strip()
@@ -306,10 +306,10 @@ def test_evaluate_control_reports_with_and_without(tiny_pipeline_dir, tmp_path, 
     else:
         assert sorted(report["tasks"]) == sorted(["single_object", "two_object", "colors", "position", "color_attr"])
         assert all(r["images"] == 2 for r in report["tasks"].values())  # 2 prompts x 1 seed per task
-        for which in ("plain", "steered"):  # GenEval's overall: the mean over tasks
+        for which in ("plain", "controlled"):  # GenEval's overall: the mean over tasks
             mean = sum(r[which] for r in report["tasks"].values()) / len(report["tasks"])
             assert report[f"overall_{which}"] == pytest.approx(mean)
-        assert report["seconds_per_image_steered"] > 0 and report["seconds_per_image_plain"] > 0
+        assert report["seconds_per_image_controlled"] > 0 and report["seconds_per_image_plain"] > 0
     assert "report:" in capsys.readouterr().out
 
 

@@ -31,7 +31,7 @@ def one_line_error(capsys, rc, message):
     (["--excite", "--cross-replace-steps", "0.5"], "--cross-replace-steps needs --edit, which is not given"),
     (["--self-replace-steps", "0.5"], "--self-replace-steps needs --edit"),
 ])
-def test_bad_steering_flags_fail_before_any_work(tiny_pipeline_dir, tmp_path, capsys, monkeypatch, args, message):
+def test_bad_control_flags_fail_before_any_work(tiny_pipeline_dir, tmp_path, capsys, monkeypatch, args, message):
     from unet.pipeline import ScenePipeline
 
     def never(*a, **k):
@@ -43,7 +43,7 @@ def test_bad_steering_flags_fail_before_any_work(tiny_pipeline_dir, tmp_path, ca
     assert not out.exists()
 
 
-def test_repeated_steering_flags_merge(tiny_pipeline_dir, tmp_path):
+def test_repeated_control_flags_merge(tiny_pipeline_dir, tmp_path):
     out = tmp_path / "out"
     assert generate(tiny_pipeline_dir, out, "a red circle left of a blue square", "--reweight", "red=2",
                     "--reweight", "circle=3", "red=2", "--excite", "circle", "--excite", "square") == 0

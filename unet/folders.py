@@ -70,7 +70,7 @@ def _process_alive(pid: int) -> bool:
 
 def remove_stale_partials(out: Path) -> list[Path]:
     """Delete `.partial-<pid>-*` folders whose process is gone (a run killed with SIGKILL or a power cut), in
-    `out` and in the run folders just under it (where a steered run writes its `.partial-<pid>-steered-*`).
+    `out` and in the run folders just under it (where a controlled run writes its `.partial-<pid>-controlled-*`).
 
     Folders of runs still going are left alone; older `.partial-*` names without a pid are never read.
     """

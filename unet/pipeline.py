@@ -221,7 +221,7 @@ class ScenePipeline(DiffusionPipeline):
                  output_type: str = "pil", show_progress: bool = True,
                  controller=None, guidance_min_t: int | None = None,
                  guidance_rescale: float | None = None, guidance_max_t: int | None = None) -> PipelineOutput:
-        """`controller` (a `crossattn.control.Controller`, optional) steers sampling: it is called before
+        """`controller` (a `crossattn.control.Controller`, optional) controls sampling: it is called before
         and after each scheduler step and may return a changed latent; without one the loop is unchanged.
         `guidance_scale`: classifier-free guidance (<= 1: none); `guidance_min_t` / `guidance_max_t`: guide only at
         timesteps in [min_t, max_t]; `guidance_rescale`: 0 (plain guidance) to 1 (std of the conditional

@@ -99,7 +99,7 @@ class Controller(AttentionHooks):
         if not cross_layers or unknown:
             raise ValueError(f"{type(model).__name__}: " + (f"no cross-attention layer named {unknown}; its layers "
                                                             f"are {cross_layers}" if unknown else
-                                                            "has no cross-attention layers to steer"))
+                                                            "has no cross-attention layers to control"))
 
     def detach(self) -> None:
         super().detach()

@@ -59,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--readme", default=None, help="also rewrite the maps tables of this README (its "
                                                   "'<!-- maps: begin -->' block) from the new report")
     p.add_argument("--control", choices=CONTROLS, default=None,
-                   help="measure one steering control instead: with and without it on the same prompts and seeds "
+                   help="measure one control instead: with and without it on the same prompts and seeds "
                         "(unet/eval/control.py)")
     p.add_argument("--reweight-factor", type=float, default=2.0,
                    help="--control reweight: factor on the colour and shape words (default 2)")
@@ -200,15 +200,15 @@ def control_main(pipe, args) -> int:
     report, records = run_control_evaluation(pipe, args.control, args.seeds, args.steps, args.guidance, args.quick,
                                              args.reweight_factor, progress=not args.quiet)
     report["model"], report["date"] = str(args.model or "shipped"), date
-    title = f"Steering by {args.control}: {report['model']} ({date})"
+    title = f"Control by {args.control}: {report['model']} ({date})"
     out = publish_report(args, lambda folder: write_control(report, records, folder, title))
     if args.control == "edit":
         print(f"swaps succeeded: {fmt(report['with_replay']['ok'])} with replay, "
               f"{fmt(report['without']['ok'])} without ({report['images']} images)")
     else:
-        print(f"prompt following {report['overall_plain']:.3f} plain, {report['overall_steered']:.3f} with "
-              f"{args.control}; {report['seconds_per_image_plain']:.2f} vs {report['seconds_per_image_steered']:.2f} "
-              "s per image")
+        print(f"prompt following {report['overall_plain']:.3f} plain, {report['overall_controlled']:.3f} with "
+              f"{args.control}; {report['seconds_per_image_plain']:.2f} vs "
+              f"{report['seconds_per_image_controlled']:.2f} s per image")
     print(f"report: {out / 'report.md'}")
     return 0
 

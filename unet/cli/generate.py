@@ -28,7 +28,7 @@ from crossattn.maps import (
 from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
 
-from ..control import add_control_args, control_one, plan_control
+from ..control import control_one
 from ..folders import WRITE_ERRORS, write_failed
 from ..pipeline import PRETRAINED, SCHEDULERS, ScenePipeline, Settings, default_guidance, load_pipeline
 from ..run_folder import map_store, run_maps, run_name, write_run_files
@@ -44,6 +44,7 @@ from . import (
     sigterm_as_interrupt,
     usage_error,
 )
+from .control import add_control_args, plan_control
 from .memory import MEMORY_ERRORS, out_of_memory
 
 

@@ -60,19 +60,19 @@ def _timed(fn, *args):
 def evaluate_prompts(pipe, control: str, prompts: list[EvalPrompt], seeds: int, steps: int, guidance: float,
                      factor: float = 2.0, progress=None) -> tuple[dict, list[dict]]:
     """Prompt following with and without `control` ('excite' or 'reweight') on the same seeds."""
-    records, seconds = [], {"plain": 0.0, "steered": 0.0}
+    records, seconds = [], {"plain": 0.0, "controlled": 0.0}
     for k, p in enumerate(prompts):
         settings = Settings(seed=k, steps=steps, guidance=guidance, num_images=seeds)
         plain, seconds_plain = _timed(sample, pipe, p.prompt, settings)
         controller = build_controller(pipe, plan_for(control, p.prompt, factor), p.prompt)
-        steered, seconds_steered = _timed(sample, pipe, p.prompt, settings, controller)
+        controlled, seconds_controlled = _timed(sample, pipe, p.prompt, settings, controller)
         seconds["plain"] += seconds_plain
-        seconds["steered"] += seconds_steered
-        for i, (a, b) in enumerate(zip(plain, steered)):
+        seconds["controlled"] += seconds_controlled
+        for i, (a, b) in enumerate(zip(plain, controlled)):
             da, db = detect(a), detect(b)
-            records.append({"task": p.task, "prompt": p.prompt, "seed": k, "index": i, "plain": a, "steered": b,
-                            "ok_plain": check(p, da)[0], "ok_steered": check(p, db)[0],
-                            "grain_plain": background_grain(a, da), "grain_steered": background_grain(b, db)})
+            records.append({"task": p.task, "prompt": p.prompt, "seed": k, "index": i, "plain": a, "controlled": b,
+                            "ok_plain": check(p, da)[0], "ok_controlled": check(p, db)[0],
+                            "grain_plain": background_grain(a, da), "grain_controlled": background_grain(b, db)})
         if progress:
             progress.update(1)
     report = {"tasks": {}, "settings": {"control": control, "prompts": len(prompts), "seeds": seeds, "steps": steps,
@@ -83,8 +83,9 @@ def evaluate_prompts(pipe, control: str, prompts: list[EvalPrompt], seeds: int, 
         rows = [r for r in records if r["task"] == task]
         if rows:
             report["tasks"][task] = {"plain": float(np.mean([r["ok_plain"] for r in rows])),
-                                     "steered": float(np.mean([r["ok_steered"] for r in rows])), "images": len(rows)}
-    for which in ("plain", "steered"):
+                                     "controlled": float(np.mean([r["ok_controlled"] for r in rows])),
+                                     "images": len(rows)}
+    for which in ("plain", "controlled"):
         report[f"overall_{which}"] = float(np.mean([t[which] for t in report["tasks"].values()]))  # mean of tasks
         report[f"grain_{which}"] = float(np.mean([r[f"grain_{which}"] for r in records]))
         report[f"seconds_per_image_{which}"] = seconds[which] / max(1, len(records))
@@ -119,7 +120,7 @@ def evaluate_edits(pipe, prompts: list[EvalPrompt], seeds: int, steps: int, guid
                    cross_replace_steps: float = 0.8, self_replace_steps: float = 0.4, place_tolerance: float = 3.0,
                    progress=None) -> tuple[dict, list[dict]]:
     """Word swaps with the source's attention replayed (prompt-to-prompt) and without (the edited prompt alone)."""
-    records, seconds = [], {"plain": 0.0, "steered": 0.0, "source": 0.0}
+    records, seconds = [], {"plain": 0.0, "controlled": 0.0, "source": 0.0}
     edits = swap_edits(prompts)
     for n, (p, k, new, edited) in enumerate(edits):
         settings = Settings(seed=n, steps=steps, guidance=guidance, num_images=seeds)
@@ -127,17 +128,17 @@ def evaluate_edits(pipe, prompts: list[EvalPrompt], seeds: int, steps: int, guid
         plan = ControlPlan(edit=edited, cross_replace_steps=cross_replace_steps,
                             self_replace_steps=self_replace_steps)
         controller = build_controller(pipe, plan, p.prompt, recording)
-        replayed, seconds_steered = _timed(sample, pipe, edited, settings, controller)
+        replayed, seconds_controlled = _timed(sample, pipe, edited, settings, controller)
         alone, seconds_plain = _timed(sample, pipe, edited, settings)
         seconds["source"] += seconds_source
-        seconds["steered"] += seconds_steered
+        seconds["controlled"] += seconds_controlled
         seconds["plain"] += seconds_plain
         for i in range(seeds):
             ok, matched = check(p, detect(source_images[i]))
             if not all(m is not None for m in matched):
                 continue  # the source lacks an object: nothing to swap
             records.append({"source": p.prompt, "edited": edited, "seed": n, "index": i, "source_ok": ok,
-                            "source_image": source_images[i], "plain": alone[i], "steered": replayed[i],
+                            "source_image": source_images[i], "plain": alone[i], "controlled": replayed[i],
                             "with_replay": swap_succeeded(matched, k, new, detect(replayed[i]), place_tolerance),
                             "without": swap_succeeded(matched, k, new, detect(alone[i]), place_tolerance)})
         if progress:
@@ -149,7 +150,7 @@ def evaluate_edits(pipe, prompts: list[EvalPrompt], seeds: int, steps: int, guid
         report[which] = {key: float(np.mean([r[which][key] for r in records])) if records else None
                          for key in ("ok", "changed", "kept")}
     images = max(1, len(edits) * seeds)
-    report["seconds_per_image"] = {"source": seconds["source"] / images, "replayed": seconds["steered"] / images,
+    report["seconds_per_image"] = {"source": seconds["source"] / images, "replayed": seconds["controlled"] / images,
                                    "edited_alone": seconds["plain"] / images}
     return report, records
 
@@ -194,14 +195,14 @@ def markdown(report: dict, title: str) -> str:
         return "\n".join(lines)
     extra = f" (factor {s['factor']} on colour and shape words)" if s["control"] == "reweight" else ""
     lines += [f"Prompt following without and with {s['control']}{extra}, same prompts and seeds.", "",
-              "| task | plain | steered | images |", "|---|---|---|---|"]
-    lines += [f"| {t} | {fmt(r['plain'])} | {fmt(r['steered'])} | {r['images']} |"
+              "| task | plain | controlled | images |", "|---|---|---|---|"]
+    lines += [f"| {t} | {fmt(r['plain'])} | {fmt(r['controlled'])} | {r['images']} |"
               for t, r in report["tasks"].items()]
     lines += [f"| **overall** (mean of tasks) | **{fmt(report['overall_plain'])}** | "
-              f"**{fmt(report['overall_steered'])}** | |",
-              f"| background grain (0-255) | {report['grain_plain']:.2f} | {report['grain_steered']:.2f} | |",
+              f"**{fmt(report['overall_controlled'])}** | |",
+              f"| background grain (0-255) | {report['grain_plain']:.2f} | {report['grain_controlled']:.2f} | |",
               f"| seconds per image | {report['seconds_per_image_plain']:.2f} | "
-              f"{report['seconds_per_image_steered']:.2f} | |", ""]
+              f"{report['seconds_per_image_controlled']:.2f} | |", ""]
     return "\n".join(lines)
 
 
@@ -210,18 +211,18 @@ def fmt(x) -> str:
 
 
 def before_after(records: list[dict], path: Path, title: str, count: int = 8) -> Path:
-    """Pairs of images, plain and steered (for edits: source, edited alone, replayed), the verdicts as titles.
+    """Pairs of images, plain and controlled (for edits: source, edited alone, replayed), the verdicts as titles.
     Pairs where the verdicts differ come first: they show what the control changed."""
     edit = "source_image" in records[0] if records else False
     if edit:
         verdicts = ("with_replay", "without")
         columns = (("source_image", lambda r: f"source{'' if r['source_ok'] else ' (wrong)'}"),
                    ("plain", lambda r: f"alone: {'ok' if r['without']['ok'] else 'no'}"),
-                   ("steered", lambda r: f"replayed: {'ok' if r['with_replay']['ok'] else 'no'}"))
+                   ("controlled", lambda r: f"replayed: {'ok' if r['with_replay']['ok'] else 'no'}"))
     else:
-        verdicts = ("ok_plain", "ok_steered")
+        verdicts = ("ok_plain", "ok_controlled")
         columns = (("plain", lambda r: f"plain: {'ok' if r['ok_plain'] else 'no'}"),
-                   ("steered", lambda r: f"steered: {'ok' if r['ok_steered'] else 'no'}"))
+                   ("controlled", lambda r: f"controlled: {'ok' if r['ok_controlled'] else 'no'}"))
     chosen = sorted(records, key=lambda r: r[verdicts[0]] == r[verdicts[1]])[:count]  # changed verdicts first
     fig = Figure(figsize=(1.9 * len(columns) * 2, 2.3 * ((len(chosen) + 1) // 2) + 0.5), dpi=100,
                  layout="constrained")
