@@ -1,6 +1,6 @@
 """Train a text-side ablation with the recipe of an existing run and quick-evaluate it.
 
-See `python scripts/ablation.py --help`; the code is unet/cli/ablation.py.
+See `python scripts/ablation.py --help`; the code is unet/research/ablation.py.
 """
 
 import sys
@@ -8,4 +8,4 @@ import sys
 from _front import run  # interrupts during the imports: one line, exit 130/143
 
 if __name__ == "__main__":
-    sys.exit(run("unet.cli.ablation"))
+    sys.exit(run("unet.research.ablation"))

@@ -1,6 +1,6 @@
 """Evidence for the colour collapse and for grain: what sampling settings do to colour and background.
 
-See `python scripts/diagnose.py --help`; the code is unet/cli/diagnose.py.
+See `python scripts/diagnose.py --help`; the code is unet/research/diagnose.py.
 """
 
 import sys
@@ -8,4 +8,4 @@ import sys
 from _front import run  # interrupts during the imports: one line, exit 130/143
 
 if __name__ == "__main__":
-    sys.exit(run("unet.cli.diagnose"))
+    sys.exit(run("unet.research.diagnose"))

@@ -1,6 +1,6 @@
 """Levers side by side: a table and learning curves from full evaluations of paired runs.
 
-See `python scripts/levers.py --help`; the code is unet/cli/levers.py.
+See `python scripts/levers.py --help`; the code is unet/research/levers.py.
 """
 
 import sys
@@ -8,4 +8,4 @@ import sys
 from _front import run  # interrupts during the imports: one line, exit 130/143
 
 if __name__ == "__main__":
-    sys.exit(run("unet.cli.levers"))
+    sys.exit(run("unet.research.levers"))

@@ -222,7 +222,7 @@ def test_single_share_sets_the_data_mix_and_old_runs_draw_the_same_batches():
 
 
 def test_levers_table_and_curves_from_evaluation_reports(tmp_path):
-    from unet.cli import levers
+    from unet.research import levers
 
     def report(position, pointing, response=None, paired=False):
         pf = dict(single_object=1.0, two_object=0.75, colors=1.0, position=position, color_attr=0.5,

@@ -13,14 +13,11 @@ from crossattn.overlay import ALPHA, CMAP
 
 from .map_scoring import BASELINES, READOUTS, method_maps
 from .prompts import TASKS
+from .scaling import fmt
 
 READOUT_LABELS = {"refined": "refined", "top_heads": "top heads"}
 # The contenders of "where each wins": our plain aggregation, the read-outs beyond it, DAAM's recipe.
 CONTENDERS = ("ours", *READOUTS, "daam")
-
-
-def _fmt(x) -> str:
-    return "–" if x is None else f"{x:.3f}"
 
 
 def _block(report: dict, name: str, dataset: bool) -> dict | None:
@@ -42,8 +39,8 @@ def map_rows(report: dict, dataset: bool) -> list[str]:
     rows += [(b, _block(report, b, dataset)) for b in BASELINES]
     for name, r in rows:
         sh, co = r["shape_words"], r["color_words"]
-        lines.append(f"| {name} | {_fmt(sh['miou'])} | {_fmt(sh['pointing'])} | {_fmt(sh['mass'])} | "
-                     f"{_fmt(co['miou'])} | {_fmt(co['pointing'])} | {_fmt(co['mass'])} | {r['threshold']}"
+        lines.append(f"| {name} | {fmt(sh['miou'])} | {fmt(sh['pointing'])} | {fmt(sh['mass'])} | "
+                     f"{fmt(co['miou'])} | {fmt(co['pointing'])} | {fmt(co['mass'])} | {r['threshold']}"
                      f"{' (min-max)' if r.get('threshold_rule') == 'minmax' else ''} | "
                      f"{sh['n']}/{co['n']} |")
     return lines
@@ -85,7 +82,7 @@ def maps_markdown(report: dict) -> str:
         lines += ["### Dataset read-out against the timestep (plain / refined)", "",
                   "| t | shape mIoU | shape pointing | colour mIoU | colour pointing |", "|---|---|---|---|---|"]
         for t, v in sweep.items():
-            cells = [f"{_fmt(v['ours'][k][m])} / {_fmt(v['refined'][k][m])}"
+            cells = [f"{fmt(v['ours'][k][m])} / {fmt(v['refined'][k][m])}"
                      for k in ("shape_words", "color_words") for m in ("miou", "pointing")]
             lines.append(f"| {t} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -101,20 +98,20 @@ def markdown(report: dict, title: str) -> str:
              f"{s['selection_seeds']} other seeds per prompt.", "",
              "## Prompt following (GenEval rules, our detector)", "",
              "| task | accuracy | images |", "|---|---|---|"]
-    lines += [f"| {t} | {_fmt(pf[t])} | {pf['n_images'][t]} |" for t in TASKS]
-    lines += [f"| **overall** (mean of tasks) | **{_fmt(pf['overall'])}** | {sum(pf['n_images'].values())} |", ""]
+    lines += [f"| {t} | {fmt(pf[t])} | {pf['n_images'][t]} |" for t in TASKS]
+    lines += [f"| **overall** (mean of tasks) | **{fmt(pf['overall'])}** | {sum(pf['n_images'].values())} |", ""]
     if "background_grain" in pf:  # reports written before the grain measure have none
         g = pf["background_grain"]
         lines += [f"Background grain (mean |pixel| off the detected objects, 0-255; the data's is 0): "
                   f"mean {g['mean']:.2f}, 90th percentile {g['p90']:.2f}.", ""]
     if "relation_response" in pf:  # reports written before it have none
-        cells = [f"{axis} {_fmt(v['response'])} ({v['images']} images)" for axis, v in pf["relation_response"].items()]
+        cells = [f"{axis} {fmt(v['response'])} ({v['images']} images)" for axis, v in pf["relation_response"].items()]
         lines += ["Relation response (P(first object on the named side | the word) - P(same side | the opposite "
                   "word), position images with both objects found; 0 = the word is ignored, 1 = obeyed): "
                   + ", ".join(cells) + ".", ""]
     if "relation_response_paired" in pf:
-        cells = [f"{axis} {_fmt(v['response'])} (order moved in a share {_fmt(v['moved'])} of {v['pairs']} pairs, "
-                 f"images differ by {_fmt(v['pixel_difference'])}/255)"
+        cells = [f"{axis} {fmt(v['response'])} (order moved in a share {fmt(v['moved'])} of {v['pairs']} pairs, "
+                 f"images differ by {fmt(v['pixel_difference'])}/255)"
                  for axis, v in pf["relation_response_paired"].items()]
         lines += ["Relation response, paired (the same, from images of opposite words sampled from the same noise, on "
                   "seeds of their own; exact: a word the model ignores gives 0 and images that differ by 0): "
@@ -128,7 +125,7 @@ def markdown(report: dict, title: str) -> str:
     sweep = report["maps"]["shape_words"]["sweep"]
     lines += ["## Threshold sweep (ours, shape words, generated images; fraction of each map's maximum)", "",
               "| " + " | ".join(sweep) + " |", "|" + "---|" * len(sweep),
-              "| " + " | ".join(_fmt(v) for v in sweep.values()) + " |", ""]
+              "| " + " | ".join(fmt(v) for v in sweep.values()) + " |", ""]
     return "\n".join(lines)
 
 

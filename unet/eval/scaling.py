@@ -59,7 +59,8 @@ def best_row(rows: list[dict]) -> dict:
     return max(rows, key=lambda r: (r["overall"], r["step"]))
 
 
-def _fmt(x, digits=3) -> str:
+def fmt(x, digits=3) -> str:
+    """A score for a table: `digits` decimals, or a dash for none."""
     return "–" if x is None else f"{x:.{digits}f}"
 
 
@@ -80,9 +81,9 @@ def write_scaling(rows: list[dict], out: Path, title: str, device: str) -> None:
     lines = [f"# {title}", "", f"Device: {device}. Quick evaluation of each snapshot; best by prompt following: "
              f"step {best['step']}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r["step"]), f"{r['images']:,}", _fmt(r["minutes"], 1), *(_fmt(r[t]) for t in TASKS),
-                 f"**{_fmt(r['overall'])}**" if r is best else _fmt(r["overall"]), _fmt(r["shape_miou"]),
-                 _fmt(r["shape_pointing"]), _fmt(r["grain"], 2)]
+        cells = [str(r["step"]), f"{r['images']:,}", fmt(r["minutes"], 1), *(fmt(r[t]) for t in TASKS),
+                 f"**{fmt(r['overall'])}**" if r is best else fmt(r["overall"]), fmt(r["shape_miou"]),
+                 fmt(r["shape_pointing"]), fmt(r["grain"], 2)]
         lines.append("| " + " | ".join(cells) + " |")
     (out / "scaling.md").write_text("\n".join(lines) + "\n")
 

@@ -1,17 +1,26 @@
-"""Levers side by side: full evaluations of paired runs (`train.py --grow-from`) at the same steps, as one
-table and learning curves of the skills the levers are meant to move.
+"""Levers side by side: a table and learning curves from full evaluations of paired runs.
 
-An arm is a label and its evaluation reports by step; arms grown from one checkpoint see the same batches,
+    python scripts/levers.py --out outputs/examples/levers \
+        "start=outputs/examples/eval@15200" "plain=runs/evals/v1-16800@16800" "pos=runs/evals/arm-pos-16800@16800"
+
+Each arm is LABEL=REPORT_FOLDER@STEP (a folder `evaluate.py` wrote); give an arm several times, at
+several steps, for its curve. Writes levers.md, levers.json and levers.png into --out.
+
+Paired runs (`train.py --grow-from`) are compared at the same steps, on the skills the levers are meant to
+move. An arm is a label and its evaluation reports by step; arms grown from one checkpoint see the same batches,
 so at a given step they differ only by the lever.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
-from .prompts import TASKS
-from .scaling import _fmt
+from unet.cli import UsageError, check_out_dir, usage_error
+from unet.eval.prompts import TASKS
+from unet.eval.scaling import fmt
 
 CURVES = (("position", "position"), ("color_attr", "colour attribution"), ("shape_pointing", "shape-word pointing"),
           ("overall", "overall"))
@@ -61,11 +70,11 @@ def write_levers(rows: list[dict], out: Path, title: str) -> None:
             "relation response (h / v; u: unpaired)", "left/right similarity"]
     lines = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["arm"], f"{r['step']:,}", *(_fmt(r[t]) for t in TASKS), _fmt(r["overall"]), _fmt(r["grain"], 2),
-                 f"{_fmt(r['shape_miou'])} / {_fmt(r['shape_pointing'])}",
-                 f"{_fmt(r['horizontal'], 2)} / {_fmt(r['vertical'], 2)}"
+        cells = [r["arm"], f"{r['step']:,}", *(fmt(r[t]) for t in TASKS), fmt(r["overall"]), fmt(r["grain"], 2),
+                 f"{fmt(r['shape_miou'])} / {fmt(r['shape_pointing'])}",
+                 f"{fmt(r['horizontal'], 2)} / {fmt(r['vertical'], 2)}"
                  f"{' u' if not r.get('response_paired') and r['horizontal'] is not None else ''}",
-                 _fmt(r["left_right_similarity"], 4)]
+                 fmt(r["left_right_similarity"], 4)]
         lines.append("| " + " | ".join(cells) + " |")
     (out / "levers.md").write_text("\n".join(lines) + "\n")
 
@@ -79,3 +88,23 @@ def write_levers(rows: list[dict], out: Path, title: str) -> None:
         ax.set(xlabel="step", title=name, ylim=(0, 1))
     ax.legend(fontsize=7)
     fig.savefig(out / "levers.png")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("arms", nargs="+", metavar="LABEL=REPORT_FOLDER@STEP")
+    p.add_argument("--out", required=True, help="folder for levers.md, levers.json and levers.png")
+    p.add_argument("--title", default="Levers, full evaluations of paired runs")
+    args = p.parse_args(argv)
+    try:
+        check_out_dir(args.out)
+        rows = read_rows(args.arms)
+    except (ValueError, UsageError) as e:
+        return usage_error(e)
+    write_levers(rows, Path(args.out), args.title)
+    print(f"wrote {Path(args.out) / 'levers.md'} and levers.png ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
