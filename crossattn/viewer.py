@@ -11,7 +11,7 @@ over the forward passes in that window, as uint16 fixed point (value * 65535, so
 are in [0, 1]). The page redoes what `crossattn.maps` does -- weight windows by their pass counts,
 average heads, upsample bilinearly (torch's align_corners=False), average layers, normalise -- so its
 maps equal those in maps.safetensors up to that rounding. Size: 2 bytes x images x heads x words x
-pixels x windows, summed over layers (README: "Inspect runs in a browser").
+pixels x windows, summed over layers (docs/guides/viewer.md).
 
 `write_gallery(root)` writes root/index.html linking every run page found under root.
 """

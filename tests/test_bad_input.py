@@ -16,6 +16,7 @@ from conftest import tiny_config
 
 import unet.cli.checks
 import unet.cli.generate as generate
+import unet.run_folder
 from crossattn import CrossAttention
 from crossattn.capture import AttentionStore
 from unet.cli import PARTIAL, memory_estimate
@@ -150,7 +151,7 @@ def test_interrupt_while_writing_leaves_nothing(tiny_pipeline_dir, tmp_path, cap
         interrupt()
         time.sleep(5)  # the signal handler raises before this ends
 
-    monkeypatch.setattr(generate, "overlay_grid", overlay_then_interrupt)
+    monkeypatch.setattr(unet.run_folder, "overlay_grid", overlay_then_interrupt)
     out = tmp_path / "new" / "out"
     assert generate_main(tiny_pipeline_dir, out, "a red circle") == code
     err = capsys.readouterr().err

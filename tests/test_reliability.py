@@ -415,6 +415,7 @@ def test_a_swallowed_interrupt_still_stops_the_run(tiny_pipeline_dir, tmp_path, 
     """Python may raise the signal's exception inside a weakref callback (matplotlib), which drops it."""
     import time
 
+    import unet.run_folder
     from unet.cli import generate
 
     def overlay_and_lose_the_signal(*args, **kwargs):
@@ -424,7 +425,7 @@ def test_a_swallowed_interrupt_still_stops_the_run(tiny_pipeline_dir, tmp_path, 
         except KeyboardInterrupt:
             pass  # "Exception ignored in: <function WeakKeyDictionary...>"
 
-    monkeypatch.setattr(generate, "overlay_grid", overlay_and_lose_the_signal)
+    monkeypatch.setattr(unet.run_folder, "overlay_grid", overlay_and_lose_the_signal)
     out = tmp_path / "out"
     rc = generate.main(["a red circle", "--model", str(tiny_pipeline_dir), "--out", str(out), "--steps", "2",
                         "--quiet"])

@@ -28,7 +28,7 @@ SD_GUIDANCE = 7.5  # diffusers' Stable Diffusion pipelines' default scale
 
 def default_guidance(pipe) -> float:
     """The guidance scale `pipe` should be sampled with when the user gives none: a ScenePipeline's own,
-    saved in its model_index.json (README, "Guidance"); 7.5 for a Stable Diffusion folder."""
+    saved in its model_index.json (docs/model-card.md); 7.5 for a Stable Diffusion folder."""
     if isinstance(pipe, ScenePipeline):
         return float(pipe.config.guidance_scale)
     return SD_GUIDANCE
@@ -197,7 +197,7 @@ class ScenePipeline(DiffusionPipeline):
         super().__init__()
         self.register_modules(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer, scheduler=scheduler)
         # How this model wants to be guided, saved with it (model_index.json). guidance_scale is the default
-        # scale: 1 = no guidance, which our models trained from scratch sample best with (README, diagnosis).
+        # scale: 1 = no guidance, which our models trained from scratch sample best with (docs/experiments/).
         # Guidance is applied only while guidance_min_t <= t <= guidance_max_t (None: no upper limit):
         # guiding the low-noise steps adds grain, and on our model guiding the high-noise steps, where the
         # prompt barely moves the prediction, breaks colours ("Applying guidance in a limited interval",
@@ -214,18 +214,8 @@ class ScenePipeline(DiffusionPipeline):
                              truncation=True, return_tensors="pt").input_ids.to(self.device)
         return self.text_encoder(ids).last_hidden_state
 
-    @torch.no_grad()
-    def __call__(self, prompt: str | list[str], height: int | None = None, width: int | None = None,
-                 num_inference_steps: int = 25, guidance_scale: float | None = None,
-                 generator: torch.Generator | None = None, num_images_per_prompt: int = 1,
-                 output_type: str = "pil", show_progress: bool = True,
-                 controller=None, guidance_min_t: int | None = None,
-                 guidance_rescale: float | None = None, guidance_max_t: int | None = None) -> PipelineOutput:
-        """`controller` (a `crossattn.control.Controller`, optional) controls sampling: it is called before
-        and after each scheduler step and may return a changed latent; without one the loop is unchanged.
-        `guidance_scale`: classifier-free guidance (<= 1: none); `guidance_min_t` / `guidance_max_t`: guide only at
-        timesteps in [min_t, max_t]; `guidance_rescale`: 0 (plain guidance) to 1 (std of the conditional
-        prediction). All four default to the pipeline's config."""
+    def check_inputs(self, prompt, num_inference_steps: int, num_images_per_prompt: int, output_type: str) -> list[str]:
+        """The prompts as a list; ValueError naming the first bad argument (as diffusers' `check_inputs`)."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or any(not isinstance(p, str) for p in prompts):
             raise ValueError("prompt must be a string or a non-empty list of strings")
@@ -235,6 +225,38 @@ class ScenePipeline(DiffusionPipeline):
             raise ValueError(f"num_images_per_prompt must be >= 1, got {num_images_per_prompt}")
         if output_type not in ("pil", "np", "pt"):
             raise ValueError(f"output_type must be 'pil', 'np' or 'pt', got {output_type!r}")
+        return prompts
+
+    @torch.no_grad()
+    def __call__(self, prompt: str | list[str], height: int | None = None, width: int | None = None,
+                 num_inference_steps: int = 25, guidance_scale: float | None = None,
+                 generator: torch.Generator | None = None, num_images_per_prompt: int = 1,
+                 output_type: str = "pil", show_progress: bool = True,
+                 controller=None, guidance_min_t: int | None = None,
+                 guidance_rescale: float | None = None, guidance_max_t: int | None = None) -> PipelineOutput:
+        """Sample images of `prompt`.
+
+        Args:
+            prompt: one prompt, or a list of prompts (one batch).
+            height, width: image size in pixels (default: the U-Net's `sample_size`).
+            num_inference_steps: denoising steps; the scheduler spaces them over its training timesteps.
+            guidance_scale: classifier-free guidance; <= 1 turns it off (default: the pipeline's config).
+            generator: the torch generator of the initial noise and of any stochastic scheduler step; the same
+                seed, prompt and device give the same images.
+            num_images_per_prompt: images per prompt.
+            output_type: "pil" (PIL images), "np" ((B, H, W, 3) floats in [0, 1]) or "pt" ((B, 3, H, W) tensor).
+            show_progress: a progress bar over the steps.
+            controller: a `crossattn.control.Controller` (optional), called before and after each scheduler step;
+                it may return a changed latent. Without one the loop is unchanged.
+            guidance_min_t, guidance_max_t: guide only at timesteps in [min_t, max_t] (default: the config's).
+            guidance_rescale: 0 (plain guidance) to 1 (the guided prediction's std pulled back to the
+                conditional one's) (default: the config's).
+
+        Returns:
+            `PipelineOutput` with `images`.
+        """
+        # 1. check inputs, and fill in what the pipeline's config decides
+        prompts = self.check_inputs(prompt, num_inference_steps, num_images_per_prompt, output_type)
         size = self.unet.config.sample_size
         height, width = height or size, width or size
         prompts = [p for p in prompts for _ in range(num_images_per_prompt)]
@@ -249,15 +271,19 @@ class ScenePipeline(DiffusionPipeline):
         if guidance_max_t is None:
             guidance_max_t = self.config.get("guidance_max_t")
 
+        # 2. encode the prompts (and the empty prompt, for guidance)
         context = self.encode_prompt(prompts)  # (B, T, D)
         if guided:
             context = torch.cat([self.encode_prompt([""] * B), context])  # (2B, T, D): [uncond, cond]
 
+        # 3. timesteps and the initial noise
         channels = self.unet.config.in_channels
         x = torch.randn((B, channels, height, width), generator=generator, dtype=context.dtype,
                         device="cpu" if generator is None else generator.device).to(self.device)
         self.scheduler.set_timesteps(num_inference_steps, device=self.device)
         x = x * self.scheduler.init_noise_sigma
+
+        # 4. the denoising loop
         for t in self.progress_bar(self.scheduler.timesteps) if show_progress else self.scheduler.timesteps:
             if controller is not None:
                 x = controller.before_step(self, t, x, context)  # e.g. attend-and-excite moves x
@@ -278,6 +304,7 @@ class ScenePipeline(DiffusionPipeline):
             if controller is not None:
                 x = controller.after_step(self, t, x)  # e.g. prompt-to-prompt's local blend
 
+        # 5. decode: pixel space, so only from [-1, 1] to the output type
         images = (x / 2 + 0.5).clamp(0, 1)  # (B, C, H, W) in [0, 1]
         if output_type == "pt":
             return PipelineOutput(images=images)

@@ -273,6 +273,15 @@ def fresh_batch(seed: int, step: int, batch_size: int, size: int,
     return scenes_to_tensor(scenes), [s.caption for s in scenes]
 
 
+class NonFiniteLoss(ArithmeticError):
+    """Training met a loss or gradient that is not finite at `step`; `kept` is the step of the checkpoint on disk
+    (None: none was written), which the run did not touch."""
+
+    def __init__(self, step: int, what: str, kept: int | None):
+        super().__init__(f"step {step}: {what}")
+        self.step, self.what, self.kept = step, what, kept
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         cfg.validate()
@@ -400,7 +409,9 @@ class Trainer:
 
         Ctrl-C and SIGTERM are held back to the end of the step: the run then saves its checkpoint (the one a
         periodic checkpoint at that step would be) and raises `Interrupted`. The loss log is flushed with
-        every checkpoint; a resumed run first drops the rows logged after its checkpoint.
+        every checkpoint; a resumed run first drops the rows logged after its checkpoint. A loss or gradient
+        that is not finite stops the run before the optimizer step (`NonFiniteLoss`): the weights stay those
+        of the step before, and the checkpoint on disk is never replaced by a damaged one.
         """
         cfg = self.cfg
         (self.out / "samples").mkdir(exist_ok=True)
@@ -420,32 +431,14 @@ class Trainer:
             try:
                 while self.step < cfg.steps:
                     held.raise_pending()  # between steps: nothing of the next one has drawn a random number yet
-                    for g in self.optimizer.param_groups:
-                        g["lr"] = lr_at(self.step, cfg)
-                    images, captions = self.batch(self.step)
-                    loss = self.loss(images, captions)
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.accelerator.backward(loss)
-                    self.accelerator.clip_grad_norm_(self.params, cfg.grad_clip)
-                    self.optimizer.step()
-                    self.step += 1
-                    self.update_ema()
-                    losses.append(loss.item())
-                    seen += len(images) * self.accelerator.num_processes
-                    writer.writerow([self.step, f"{losses[-1]:.5f}", f"{time.time() - t0:.1f}"])
-                    bar.set_postfix(loss=f"{losses[-1]:.4f}", img_s=f"{seen / (time.time() - t0):.0f}")
+                    loss = self.train_step()
+                    losses.append(loss)
+                    seen += cfg.batch_size
+                    writer.writerow([self.step, f"{loss:.5f}", f"{time.time() - t0:.1f}"])
+                    bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{seen / (time.time() - t0):.0f}")
                     bar.update(1)
-                    if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
-                        save_checkpoint()
                     out_of_time = cfg.max_minutes > 0 and time.time() - t0 > 60 * cfg.max_minutes
-                    if out_of_time and self.step % cfg.checkpoint_every:
-                        save_checkpoint()
-                    if (self.accelerator.is_main_process and cfg.snapshot_every
-                            and self.step % cfg.snapshot_every == 0 and cfg.text_variant == "clip"):
-                        self.save_pipeline(self.out / "snapshots" / f"step_{self.step:06d}")
-                    if self.accelerator.is_main_process and (self.step % cfg.sample_every == 0
-                                                             or self.step == cfg.steps or out_of_time):
-                        self.save_samples(self.out / "samples" / f"step_{self.step:06d}.png")
+                    self.after_step(save_checkpoint, out_of_time)
                     if out_of_time:
                         bar.write(f"--max-minutes {cfg.max_minutes} reached at step {self.step}; --resume continues")
                         break
@@ -458,10 +451,44 @@ class Trainer:
                 bar.close()
                 log.close()
         if self.accelerator.is_main_process:
-            if cfg.text_variant == "clip":  # ablation encoders are not diffusers parts
-                self.save_pipeline(self.out / "pipeline")
             plot_loss(self.out / "loss.csv", self.out / "loss_curve.png")
+            if self.writes_pipeline:  # last, and atomic: a pipeline on disk means the run is done
+                self.save_pipeline(self.out / "pipeline")
         return losses
+
+    @property
+    def writes_pipeline(self) -> bool:
+        """Whether the run ends in a diffusers pipeline folder (ablation text sides are not diffusers parts)."""
+        return self.cfg.text_variant == "clip"
+
+    def train_step(self) -> float:
+        """One optimizer step on the batch of `self.step`, then the EMA; returns the loss."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(self.step, self.cfg)
+        images, captions = self.batch(self.step)
+        loss = self.loss(images, captions)
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(self.step + 1, f"the loss is {loss.item()}", self.saved_step)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.accelerator.backward(loss)
+        norm = self.accelerator.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        if not torch.isfinite(torch.as_tensor(norm)):
+            raise NonFiniteLoss(self.step + 1, f"the gradient norm is {float(norm)}", self.saved_step)
+        self.optimizer.step()
+        self.step += 1
+        self.update_ema()
+        return loss.item()
+
+    def after_step(self, save_checkpoint, out_of_time: bool) -> None:
+        """What a finished step may write: the checkpoint (every `checkpoint_every` steps, at the end, and when
+        time is up), a pipeline snapshot and a sample grid."""
+        cfg, step, main = self.cfg, self.step, self.accelerator.is_main_process
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:
+            save_checkpoint()
+        if main and cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.writes_pipeline:
+            self.save_pipeline(self.out / "snapshots" / f"step_{step:06d}")
+        if main and (step % cfg.sample_every == 0 or step == cfg.steps or out_of_time):
+            self.save_samples(self.out / "samples" / f"step_{step:06d}.png")
 
     def save_pipeline(self, folder: Path):
         """The EMA pipeline, plus the words its captions used (so generation can warn about unseen ones), written

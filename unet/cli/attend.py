@@ -80,7 +80,7 @@ def parse_args(argv=None):
                                                  "(default: the shipped model)")
     p.add_argument("--timestep", type=int, default=ATTEND_TIMESTEP,
                    help=f"noise level to denoise from, 0 .. the scheduler's training timesteps - 1 (default "
-                        f"{ATTEND_TIMESTEP}, chosen by measurement: README)")
+                        f"{ATTEND_TIMESTEP}, chosen by measurement: docs/guides/maps.md)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise added (default 0)")
     p.add_argument("--maps", default=DEFAULT_MAP_KIND, choices=MAP_KINDS,
                    help=f"which maps the overlays and maps.safetensors hold (default {DEFAULT_MAP_KIND})")

@@ -10,7 +10,7 @@
 start at identity -- position embeddings, pooled text, self-attention at more levels, side hints on the
 text (`--text-variant side-hints`, an ablation: unet/text_variants.py) -- or another data mix: the same step,
 batches, optimizer moments and random streams, so it pairs step for step with the run it came from.
-That is how the levers are measured on a trained model (README, "Session 3").
+That is how the levers are measured on a trained model (docs/experiments/).
 """
 
 import argparse
@@ -26,7 +26,7 @@ from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrup
 from unet.data import SceneDataset
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import progress_bars
-from unet.train import TrainConfig, Trainer, check_resumable, resumed_config
+from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, resumed_config
 
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
 GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "caption_dropout", "text_variant",
@@ -220,10 +220,19 @@ def _main(args) -> int:
             remove_new(out, before)
             return interrupted(e, "nothing was written")
         if trainer.saved_step >= trainer.cfg.steps:
-            return interrupted(e, f"trained to step {trainer.saved_step} (checkpoint {trainer.ckpt_path}), but the "
-                                  "pipeline was not written; the same command with --resume writes it")
+            return interrupted(e, finish_left(trainer))
         return interrupted(e, f"checkpoint saved at step {trainer.saved_step} in {trainer.ckpt_path}; --resume "
                               "continues")
+    except NonFiniteLoss as e:
+        if trainer.saved_step is None and not trainer.ckpt_path.exists():
+            remove_new(out, before)
+            kept = "nothing was written"
+        else:
+            kept = (f"the checkpoint of step {e.kept if e.kept is not None else trainer.step} in {trainer.ckpt_path} "
+                    "is kept as it was")
+        print(f"error: training stopped at {e}: {kept}; lower --lr (or the setting that made it diverge) and "
+              "train again", file=sys.stderr)
+        return 1
     except WRITE_ERRORS as e:  # a full disk or a file-size limit: what was written is whole
         if not trainer.ckpt_path.exists():
             remove_new(out, before)
@@ -232,9 +241,24 @@ def _main(args) -> int:
         if not trainer.ckpt_path.exists():  # nothing to resume from: leave no half-made run folder
             remove_new(out, before)
         raise
-    print(f"done: pipeline saved to {trainer.out / 'pipeline'}")
+    if trainer.writes_pipeline:
+        print(f"done: pipeline saved to {trainer.out / 'pipeline'}")
+    else:
+        print(f"done: checkpoint of step {trainer.step} in {trainer.ckpt_path} (a {trainer.cfg.text_variant} text "
+              "side is not a diffusers part, so no pipeline folder is written; evaluate it with "
+              f"scripts/evaluate.py --model {trainer.out})")
     return 0
 
+
+def finish_left(trainer: Trainer) -> str:
+    """What an interrupt during the last writes of a finished run left on disk, and the command that ends it."""
+    out = trainer.out
+    if not trainer.writes_pipeline or (out / "pipeline" / "model_index.json").is_file():
+        return (f"trained to step {trainer.saved_step}; the run is complete (checkpoint {trainer.ckpt_path}"
+                f"{', pipeline ' + str(out / 'pipeline') if trainer.writes_pipeline else ''})"
+                f"{'' if (out / 'loss_curve.png').is_file() else '; only loss_curve.png was not drawn'}")
+    return (f"trained to step {trainer.saved_step} (checkpoint {trainer.ckpt_path}), but the pipeline was not "
+            f"written; `python scripts/train.py --out {out} --resume --steps {trainer.cfg.steps}` writes it")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -84,7 +84,8 @@ def block_benchmark(name: str, repeats: int, backward: bool = False) -> dict:
     return result
 
 
-# Sampling is timed guided (two model passes per step), the setting the README's targets are stated in.
+# Sampling is timed guided (two model passes per step), the setting the speed targets are stated in
+# (docs/guides/benchmarks.md).
 BENCHMARK_GUIDANCE = 4.0
 
 

@@ -1,4 +1,4 @@
-"""Write the evaluation: report.json, report.md (the table the README shows) and figures."""
+"""Write the evaluation: report.json, report.md (the table the model card shows) and figures."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def winners(report: dict) -> list[str]:
 
 
 def maps_markdown(report: dict) -> str:
-    """What the README's maps section shows, straight from the report: both map tables, where each read-out
+    """What the model card's maps section shows, straight from the report: both map tables, where each read-out
     wins, the self-attention's row entropy and the dataset read-out against the timestep."""
     lines = ["### Map accuracy on generated images (masks from the detector)", "", *map_rows(report, False), "",
              f"### Map accuracy on dataset images denoised one step from t={report['maps_dataset']['timestep']} "
@@ -145,7 +145,7 @@ def check_readme(readme: Path) -> str:
 
 def refresh_readme(readme: Path, report: dict, source: str) -> None:
     """Replace the block between `MAPS_BEGIN` and `MAPS_END` in `readme` with `maps_markdown(report)`, so the
-    README's maps tables are the report's. `source` names the report (shown under the tables)."""
+    model card's maps tables are the report's. `source` names the report (shown under the tables)."""
     text = check_readme(readme)
     head, rest = text.split(MAPS_BEGIN)
     _, tail = rest.split(MAPS_END)
@@ -210,7 +210,7 @@ def write(report: dict, records, batches, selection, folder: Path, title: str) -
     (folder / "report.json").write_text(json.dumps(report, indent=1))
     (folder / "report.md").write_text(markdown(report, title) + "\n![tasks and maps](tasks.png)\n\n"
                                       "![hits and misses](examples.png)\n")
-    (folder / "maps.md").write_text(maps_markdown(report) + "\n")  # the README's maps tables, as they are
+    (folder / "maps.md").write_text(maps_markdown(report) + "\n")  # the model card's maps tables, as they are
     bar_chart(report, folder / "tasks.png")
     examples(records, batches, selection, folder / "examples.png")
     return folder

@@ -25,8 +25,8 @@ def snapshots(run: Path) -> list[tuple[int, Path]]:
 
 
 def wall_minutes(run: Path, step: int) -> float | None:
-    """Training wall time at `step` from the run's loss.csv (step, loss, seconds since that session began;
-    a resumed run restarts the clock, so sessions are added up)."""
+    """Training wall time at `step` from the run's loss.csv (step, loss, seconds since that start of the
+    command; a resumed run restarts the clock, so its stretches are added up)."""
     path = run / "loss.csv"
     if not path.exists():
         return None
@@ -36,7 +36,7 @@ def wall_minutes(run: Path, step: int) -> float | None:
             if not row:
                 continue
             s, seconds = int(row[0]), float(row[2])
-            if seconds < last:  # a new session of a resumed run
+            if seconds < last:  # a new stretch of a resumed run
                 offset += last
             last = seconds
             if s == step:
