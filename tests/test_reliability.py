@@ -591,10 +591,10 @@ def test_train_file_size_limit_gives_one_line_and_no_half_run(tmp_path):
 
 
 def test_readme_states_these_guarantees():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Bad input and interrupts"):readme.index("### Inspect runs in a browser")]
+    readme = (ROOT / "docs" / "reliability.md").read_text()
+    section = readme[readme.index("## Guarantees"):]
     for phrase in ("SHA-256", "`--overwrite`", "URL-quoted", "bit for bit", "`-2`", "`ulimit -f`", "`ulimit -v`",
-                   "while importing", "`.partial-<pid>-steered-*`", "−1000 … 1000", "empty `Recording`"):
+                   "while importing", "`.partial-<pid>-controlled-*`", "−1000 … 1000", "empty `Recording`"):
         assert phrase in section, phrase
 
 
