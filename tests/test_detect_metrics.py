@@ -108,16 +108,19 @@ class _LayoutPipe:
     def __call__(self, prompts, num_images_per_prompt, generator, **_):
         from types import SimpleNamespace
 
-        from unet.eval.prompts import parse_prompt
+        from unet.eval.prompts import POSITION_SIDES, RELATION_SIDES, parse_prompt
         images = []
         coins = torch.rand(len(prompts) * num_images_per_prompt, 2, generator=generator)  # the "noise"
         for i, coin in enumerate(coins.tolist()):
-            p = parse_prompt(prompts[i // num_images_per_prompt])
-            first_low = coin[0] < 0.5 if not self.obey else p.relation in ("left of", "above")
-            axis = 0 if p.relation in ("left of", "right of") else 1
+            text = prompts[i // num_images_per_prompt]
+            p = parse_prompt(text)
+            word = next(w for w in (*POSITION_SIDES, *RELATION_SIDES) if f" {w}" in text)
+            axis, side = {**RELATION_SIDES, **POSITION_SIDES}[word]
+            first_low = coin[0] < 0.5 if not self.obey else side < 0
             spots = [[16.0, 16.0], [16.0, 16.0]]
             spots[0][axis], spots[1][axis] = (8.0, 24.0) if first_low else (24.0, 8.0)
-            colours = ("red", "blue") if coin[1] < 0.5 else ("green", "yellow")
+            noise_colours = ("red", "blue") if coin[1] < 0.5 else ("green", "yellow")
+            colours = [c or noise for (c, _), noise in zip(p.objects, noise_colours)]
             image, _ = render([(c, s, *xy, 9.0) for c, (_, s), xy in zip(colours, p.objects, spots)])
             images.append(image / 255.0)
         return SimpleNamespace(images=np.stack(images))
@@ -127,13 +130,17 @@ def test_paired_relations_give_exactly_zero_for_an_ignored_word_and_one_for_an_o
     from unet.eval.evaluate import paired_relations
     ignored = paired_relations(_LayoutPipe(obey=False), seeds=3, guidance=1.0)
     obeyed = paired_relations(_LayoutPipe(obey=True), seeds=3, guidance=1.0)
-    for axis in ("horizontal", "vertical"):
-        # 6 prompts per axis word, 3 seeds, both words: 36 images; the pairs share their noise, so an ignored
-        # word gives the same image twice, whatever side the noise put the first object on
-        assert ignored[axis]["images"] == obeyed[axis]["images"] == 36
-        assert ignored[axis]["pairs"] == obeyed[axis]["pairs"] == 18
+    from unet.eval.evaluate import paired_prompts
+    from unet.eval.prompts import PAIRED_AXES
+    assert set(ignored) == set(obeyed) == set(PAIRED_AXES)
+    for axis in PAIRED_AXES:
+        # each prompt and its opposite, 3 seeds; the pairs share their noise, so an ignored word gives the same
+        # image twice, whatever side the noise put the first object on
+        images = 2 * 3 * len(paired_prompts(axis))
+        assert ignored[axis]["images"] == obeyed[axis]["images"] == images > 0
+        assert ignored[axis]["pairs"] == obeyed[axis]["pairs"] == images // 2
         assert ignored[axis] | {"pairs": 0} == {"response": 0.0, "moved": 0.0, "pixel_difference": 0.0,
-                                                "pairs": 0, "images": 36}
+                                                "pairs": 0, "images": images}
         assert obeyed[axis]["response"] == 1.0 and obeyed[axis]["moved"] == 1.0
         assert obeyed[axis]["pixel_difference"] > 1.0
 

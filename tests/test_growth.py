@@ -269,7 +269,7 @@ def test_grow_from_keeps_the_text_side_except_for_side_hints(trained_run, tmp_pa
 
 def test_a_run_folder_evaluates_as_its_checkpoints_ema_pipeline(trained_run, tmp_path, capsys):
     """`evaluate.py --model RUN`: the same model `Trainer.pipeline()` makes, from the folder, which it only reads;
-    --relations-only writes the paired relation response and the words' similarity."""
+    --relations-only writes the paired relation response, the words' similarity and the layout response."""
     from unet.cli import evaluate as evaluate_script
     from unet.train import run_pipeline
     trainer = Trainer(tiny_config(trained_run, resume=True, steps=4))
@@ -282,9 +282,12 @@ def test_a_run_folder_evaluates_as_its_checkpoints_ema_pipeline(trained_run, tmp
     assert evaluate_script.main(["--model", str(trained_run), "--relations-only", "--seeds", "1", "--steps", "2",
                                  "--out", str(out), "--quiet"]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert set(report["relation_response_paired"]) == {"horizontal", "vertical"}
+    from unet.eval.prompts import PAIRED_AXES
+    assert set(report["relation_response_paired"]) == set(PAIRED_AXES)
     assert report["relation_response_paired"]["horizontal"]["images"] == 12  # 6 prompt pairs, 1 seed
     assert set(report["relation_word_similarity"]) == {"left/right", "above/below"}
+    assert len(report["layout_response"]["pairs"]) == 4 and report["key_separation"]["layers"]
+    assert "## Layout response" in (out / "report.md").read_text()
     assert evaluate_script.main(["--model", str(trained_run), "--relations-only", "--control", "excite",
                                  "--out", str(tmp_path / "x")]) == 2
     assert "--relations-only measures relations alone" in capsys.readouterr().err

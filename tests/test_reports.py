@@ -9,9 +9,9 @@ from PIL import Image
 
 from unet.cli import benchmark, evaluate
 from unet.data import SHAPES, SceneSampler
-from unet.eval.evaluate import run_evaluation
+from unet.eval.evaluate import paired_prompts, run_evaluation
 from unet.eval.map_scoring import BASELINES
-from unet.eval.prompts import TASKS, prompt_following
+from unet.eval.prompts import PAIRED_AXES, TASKS, prompt_following
 from unet.pipeline import load_pipeline
 
 
@@ -33,12 +33,19 @@ def test_quick_evaluation_writes_well_formed_report(tiny_pipeline_dir, tmp_path)
         assert report["maps_dataset"][kind]["n"] == expected > 0  # dataset masks are exact: every word scored
     assert set(pf["relation_response"]) == {"horizontal", "vertical"}
     assert {axis: v["images"] for axis, v in pf["relation_response_paired"].items()} == \
-        {"horizontal": 12, "vertical": 12}  # 6 prompts per axis word and their opposites, 1 seed
+        {axis: 2 * len(paired_prompts(axis)) for axis in PAIRED_AXES}  # each prompt and its opposite, 1 seed
+    assert {axis: len(paired_prompts(axis)) for axis in PAIRED_AXES}["horizontal"] == 6  # as reports always had
+    layout = pf["layout_response"]["pairs"]
+    assert set(layout) == {"left of/right of", "above/below", "on the left/on the right", "on the top/on the bottom"}
+    assert all(v["data_shift"] > 3 and len(v["response_per_step"]) == 3 for v in layout.values())
+    keys = report["key_separation"]["layers"]
+    assert keys and all(-1 <= v["color"]["max"] <= 1 and v["color"]["pairs"] > 0 for v in keys.values())
     assert set(pf["relation_word_similarity"]) == {"left/right", "above/below"}
     assert all(-1 <= v <= 1 for v in pf["relation_word_similarity"].values())
     assert pf["relation_word_similarity"]["left/right"] < 0.999  # a barely trained encoder still tells them apart
     md = (out / "report.md").read_text()
     assert "| overall" in md.replace("**", "") and "daam" in md and "Relation response" in md and "paired" in md
+    assert "## Layout response" in md and "| on the top/on the bottom |" in md and "## Key separation" in md
     assert Image.open(out / "tasks.png").width > 300
 
 

@@ -131,16 +131,19 @@ class SceneSampler:
     def _size(self) -> float:
         return self.rng.uniform(0.25, 0.4) * min(self.height, self.width)
 
-    def single(self, color: str | None = None, shape: str | None = None) -> Scene:
+    def single(self, color: str | None = None, shape: str | None = None, where: str | None = None) -> Scene:
+        """One object; `where` (one of `POSITIONS`) forces an absolute-position caption ("on the left")."""
         rng, H, W = self.rng, self.height, self.width
         color = color or rng.choice(list(COLORS))
         shape = shape or rng.choice(SHAPES)
         size = self._size()
         r = size / 2 + 1
         cx, cy = rng.uniform(r, W - r), rng.uniform(r, H - r)
-        style = rng.integers(4)
+        style = rng.integers(4)  # drawn even when `where` forces the style, so the random stream is the same
+        if where is not None:
+            style = 0
         if style == 0:  # absolute position teaches position words without binding two objects
-            where = rng.choice(POSITIONS)
+            where = where or rng.choice(POSITIONS)
             if where in ("left", "right"):
                 cx = rng.uniform(r, W * 0.35) if where == "left" else rng.uniform(W * 0.65, W - r)
             else:

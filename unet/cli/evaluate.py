@@ -28,7 +28,8 @@ from unet.cli import (
 from unet.eval.control import CONTROLS, fmt, run_control_evaluation
 from unet.eval.control import write as write_control
 from unet.eval.evaluate import paired_relations, relation_word_similarity, run_evaluation
-from unet.eval.report import check_readme, refresh_readme, write
+from unet.eval.layout import key_separation, layout_response
+from unet.eval.report import check_readme, layout_markdown, refresh_readme, relations_markdown, write
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import SCHEDULERS, default_guidance, load_pipeline
 from unet.train import run_pipeline
@@ -181,15 +182,25 @@ def evaluation_main(pipe, args) -> int:
 
 
 def relations_main(pipe, args) -> int:
-    """`--relations-only`: the paired relation response and the relation words' similarity, as report.json."""
+    """`--relations-only`: the paired relation response, the relation words' similarity, the layout response and
+    the key separation, as report.json and report.md."""
     guidance = default_guidance(pipe) if args.guidance is None else args.guidance
     report = {"model": str(args.model or "shipped"), "date": datetime.date.today().isoformat(),
               "settings": {"seeds": args.seeds, "steps": args.steps, "guidance": guidance,
                            "scheduler": args.scheduler, "relations_only": True},
               "relation_response_paired": paired_relations(pipe, args.seeds, args.steps, guidance),
-              "relation_word_similarity": relation_word_similarity(pipe)}
-    out = publish_report(args, lambda folder: (folder / "report.json").write_text(json.dumps(report, indent=1)))
-    print(json.dumps({k: report[k] for k in ("relation_response_paired", "relation_word_similarity")}))
+              "relation_word_similarity": relation_word_similarity(pipe),
+              "layout_response": layout_response(pipe, steps=args.steps), "key_separation": key_separation(pipe)}
+
+    def write_into(folder: Path) -> None:
+        (folder / "report.json").write_text(json.dumps(report, indent=1))
+        (folder / "report.md").write_text("\n".join([f"# Relations of {report['model']} ({report['date']})", "",
+                                                     *relations_markdown(report), *layout_markdown(report)]))
+
+    out = publish_report(args, write_into)
+    print(json.dumps({"relation_response_paired": {k: v["response"] for k, v in
+                                                   report["relation_response_paired"].items()},
+                      "layout_response": {k: v["response"] for k, v in report["layout_response"]["pairs"].items()}}))
     print(f"report: {out / 'report.json'}")
     return 0
 

@@ -16,6 +16,7 @@ from crossattn.text import prompt_words
 
 from ..pipeline import default_guidance
 from .detect import detect
+from .layout import key_separation, layout_response
 from .map_scoring import (
     BASELINES,
     READOUTS,
@@ -32,6 +33,8 @@ from .map_scoring import (
 )
 from .prompts import (
     OPPOSITE_RELATIONS,
+    PAIRED_AXES,
+    POSITION_SIDES,
     RELATION_SIDES,
     TASKS,
     EvalPrompt,
@@ -98,18 +101,30 @@ def relation_word_similarity(pipe) -> dict[str, float]:
     return result
 
 
+def paired_prompts(axis: str) -> list[EvalPrompt]:
+    """The prompts of one paired axis (`PAIRED_AXES`) under its first word."""
+    first, _, kind = PAIRED_AXES[axis]
+    if kind == "shapes":
+        return [p for p in eval_prompts() if p.relation == first]
+    coloured = [p.objects for p in eval_prompts() if p.task == "color_attr"]  # held-out colour pairs
+    if kind == "colours":
+        return [parse_prompt(f"a {c1} {s1} {first} a {c2} {s2}") for (c1, s1), (c2, s2) in coloured]
+    return [parse_prompt(f"a {c} {s} {first}") for c, s in dict.fromkeys(obj[0] for obj in coloured)]
+
+
 @torch.no_grad()
 def paired_relations(pipe, seeds: int = 8, steps: int = 25, guidance: float | None = None,
                      base_seed: int = 20_000) -> dict:
-    """Does the relation word move the objects, all else held fixed? Every position prompt with an axis's first
-    word ("left of", "above") is sampled beside its opposite ("right of", "below") from the same noise
-    (`paired_relation_response`), on seeds of its own so the main evaluation's images stay as they were."""
+    """Does the position word move the objects, all else held fixed? For every axis of `PAIRED_AXES`, each prompt
+    with the axis's first word ("left of", "on the top") is sampled beside its opposite ("right of", "on the
+    bottom") from the same noise (`paired_relation_response`), on seeds of their own so the main evaluation's
+    images stay as they were."""
     guidance = default_guidance(pipe) if guidance is None else guidance
     result = {}
-    for axis, (first, second) in OPPOSITE_RELATIONS.items():
-        index = RELATION_SIDES[first][0]
-        prompts = [p for p in eval_prompts() if p.relation == first]
-        opposite = [parse_prompt(p.prompt.replace(f" {first} ", f" {second} ")) for p in prompts]
+    for axis, (first, second, kind) in PAIRED_AXES.items():
+        index = {**RELATION_SIDES, **POSITION_SIDES}[first][0]
+        prompts = paired_prompts(axis)
+        opposite = [parse_prompt(p.prompt.replace(f" {first}", f" {second}")) for p in prompts]
         images = [to_uint8(pipe([p.prompt for p in chunk], num_images_per_prompt=seeds, num_inference_steps=steps,
                                 guidance_scale=guidance, generator=torch.Generator().manual_seed(base_seed),
                                 output_type="np", show_progress=False).images)
@@ -119,7 +134,12 @@ def paired_relations(pipe, seeds: int = 8, steps: int = 25, guidance: float | No
             offsets = []
             for prompt, image in ((prompts[i // seeds], a), (opposite[i // seeds], b)):
                 _, matched = check(prompt, detect(image))
-                offsets.append(None if None in matched else matched[0].center[index] - matched[1].center[index])
+                if None in matched:
+                    offsets.append(None)
+                elif kind == "one object":  # against the image's centre
+                    offsets.append(matched[0].center[index] - (image.shape[1 - index] - 1) / 2)
+                else:
+                    offsets.append(matched[0].center[index] - matched[1].center[index])
             pairs.append((*offsets, float(np.abs(a.astype(np.float64) - b).mean())))
         result[axis] = paired_relation_response(pairs, axis)
     return result
@@ -161,7 +181,9 @@ def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None
     report = {
         "prompt_following": {**prompt_following(records), "relation_response": relation_response(records),
                              "relation_response_paired": paired_relations(pipe, seeds, steps, guidance),
-                             "relation_word_similarity": relation_word_similarity(pipe)},
+                             "relation_word_similarity": relation_word_similarity(pipe),
+                             "layout_response": layout_response(pipe, steps=steps)},
+        "key_separation": key_separation(pipe),
         "maps": {**generated["ours"], "aggregation": selection_name},
         "readouts": {name: {**generated[name], "params": readouts[name][0]} for name in READOUTS},
         "baselines": {name: generated[name] for name in BASELINES},

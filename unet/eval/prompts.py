@@ -82,6 +82,16 @@ def background_grain(image: np.ndarray, detections: list[Detection], margin: int
 # which side of the second object each relation puts the first one on: (axis of Detection.center, sign)
 RELATION_SIDES = {"left of": (0, -1), "right of": (0, 1), "above": (1, -1), "below": (1, 1)}
 OPPOSITE_RELATIONS = {"horizontal": ("left of", "right of"), "vertical": ("above", "below")}
+# the single-object captions' absolute positions: (axis, side) of the object against the image centre
+POSITION_SIDES = {"on the left": (0, -1), "on the right": (0, 1), "on the top": (1, -1), "on the bottom": (1, 1)}
+# the paired test's axes: (the word, its opposite, which prompts). "shapes": the evaluation's colourless relation
+# prompts (the first two axes, as reports have always had them); "colours": relations between coloured objects;
+# "one object": a coloured object's absolute position
+PAIRED_AXES = {"horizontal": ("left of", "right of", "shapes"), "vertical": ("above", "below", "shapes"),
+               "horizontal, coloured": ("left of", "right of", "colours"),
+               "vertical, coloured": ("above", "below", "colours"),
+               "on the left/right": ("on the left", "on the right", "one object"),
+               "on the top/bottom": ("on the top", "on the bottom", "one object")}
 
 
 def relation_response(records) -> dict:
@@ -111,8 +121,10 @@ def paired_relation_response(pairs: list[tuple], axis: str) -> dict:
 
     Both images of a pair start from the same noise, so a word the model ignores gives the same image twice and
     a response of exactly 0, whatever the noise favours; unpaired, the noise's own bias shows up as response.
-    `moved` is the share of pairs (both objects found in both) whose order along the axis the word changed."""
-    _, sign = RELATION_SIDES[OPPOSITE_RELATIONS[axis][0]]
+    `moved` is the share of pairs (both objects found in both) whose order along the axis the word changed.
+    For a one-object axis (`PAIRED_AXES`), the offset is the object's centre minus the image's."""
+    first = PAIRED_AXES[axis][0]
+    _, sign = {**RELATION_SIDES, **POSITION_SIDES}[first]
     found = [(a, b) for a, b, _ in pairs if a is not None and b is not None]
     first = [np.sign(a) == sign for a, _ in found]
     second = [np.sign(b) == sign for _, b in found]

@@ -109,24 +109,60 @@ def markdown(report: dict, title: str) -> str:
         lines += ["Relation response (P(first object on the named side | the word) - P(same side | the opposite "
                   "word), position images with both objects found; 0 = the word is ignored, 1 = obeyed): "
                   + ", ".join(cells) + ".", ""]
-    if "relation_response_paired" in pf:
-        cells = [f"{axis} {fmt(v['response'])} (order moved in a share {fmt(v['moved'])} of {v['pairs']} pairs, "
-                 f"images differ by {fmt(v['pixel_difference'])}/255)"
-                 for axis, v in pf["relation_response_paired"].items()]
-        lines += ["Relation response, paired (the same, from images of opposite words sampled from the same noise, on "
-                  "seeds of their own; exact: a word the model ignores gives 0 and images that differ by 0): "
-                  + ", ".join(cells) + ".", ""]
-    if "relation_word_similarity" in pf:
-        cells = [f"{pair} {v:.3f}" for pair, v in pf["relation_word_similarity"].items()]
-        lines += ["Relation words as the U-Net receives them (cosine similarity of the text encoder's hidden states "
-                  "at the word, 'a circle left of a square' against 'right of'; 1 = the same vector): "
-                  + ", ".join(cells) + ".", ""]
+    lines += relations_markdown(pf)
+    lines += layout_markdown(report)
     lines += [maps_markdown(report).replace("### ", "## ")]
     sweep = report["maps"]["shape_words"]["sweep"]
     lines += ["## Threshold sweep (ours, shape words, generated images; fraction of each map's maximum)", "",
               "| " + " | ".join(sweep) + " |", "|" + "---|" * len(sweep),
               "| " + " | ".join(fmt(v) for v in sweep.values()) + " |", ""]
     return "\n".join(lines)
+
+
+def relations_markdown(pf: dict) -> list[str]:
+    """The paired relation response and the relation words' similarity, from a report's prompt following (or a
+    `--relations-only` report), where it has them."""
+    lines = []
+    if "relation_response_paired" in pf:
+        lines += ["## Position words, paired (opposite words sampled from the same noise, on seeds of their own; "
+                  "exact: a word the model ignores gives 0 and images that differ by 0)", "",
+                  "| axis | response | order moved | pairs | images differ (/255) |", "|---|---|---|---|---|"]
+        lines += [f"| {axis} | {fmt(v['response'])} | {fmt(v['moved'])} | {v['pairs']} | {fmt(v['pixel_difference'])} |"
+                  for axis, v in pf["relation_response_paired"].items()]
+        lines += [""]
+    if "relation_word_similarity" in pf:
+        cells = [f"{pair} {v:.3f}" for pair, v in pf["relation_word_similarity"].items()]
+        lines += ["Relation words as the U-Net receives them (cosine similarity of the text encoder's hidden states "
+                  "at the word, 'a circle left of a square' against 'right of'; 1 = the same vector): "
+                  + ", ".join(cells) + ".", ""]
+    return lines
+
+
+def layout_markdown(report: dict) -> list[str]:
+    """The layout response and key separation (unet/eval/layout.py), where the report has them."""
+    lines = []
+    layout = report.get("prompt_following", report).get("layout_response")
+    if layout:
+        steps = ", ".join(f"t = {t}" for t in layout["timesteps"])
+        lines += ["## Layout response (the model's shift of the first object between opposite words, at the first "
+                  f"sampling steps, ÷ the data's; mean x0 of {layout['draws']} noise draws)", "",
+                  f"| pair | response | per step ({steps}) | model shift (px) | data shift (px) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {name} | {fmt(v['response'], 2)} | {' / '.join(fmt(r, 2) for r in v['response_per_step'])} | "
+                  f"{fmt(v['model_shift'][0], 1)} | {fmt(v['data_shift'], 1)} |" for name, v in layout["pairs"].items()]
+        lines += [""]
+    keys = report.get("key_separation")
+    if keys:
+        lines += ["## Key separation (cosine between the Keys of a prompt's two different colour words, and shape "
+                  "words, per cross-attention layer; 1 = the softmax cannot tell them apart)", "",
+                  "| layer | colour words, mean / max | shape words, mean / max |", "|---|---|---|"]
+        lines += [f"| {name} | {fmt(v['color']['mean'], 2)} / {fmt(v['color']['max'], 2)} | "
+                  f"{fmt(v['shape']['mean'], 2)} / {fmt(v['shape']['max'], 2)} |" for name, v in keys["layers"].items()]
+        if keys.get("largest_activation") is not None:
+            lines += ["", f"The text encoder's largest |activation| before its final LayerNorm: "
+                          f"{keys['largest_activation']:.1f}."]
+        lines += [""]
+    return lines
 
 
 MAPS_BEGIN, MAPS_END = "<!-- maps: begin -->", "<!-- maps: end -->"

@@ -1,0 +1,76 @@
+"""Layout response and key separation (unet/eval/layout.py): exact on models whose answer is known."""
+
+import pytest
+import torch
+
+from unet.eval.layout import COMBOS, POSITION_PAIRS, data_mean, key_separation, layout_prompt, layout_response
+from unet.pipeline import make_scheduler
+from unet.recipe import noise_scheduler
+
+SIZE, SCENES = 16, 40
+
+
+class Config(dict):
+    __getattr__ = dict.__getitem__
+
+
+class MeanImageUNet(torch.nn.Module):
+    """Predicts v so that the x0 estimate is a fixed image per prompt: the data's own mean for that prompt's
+    caption (`obey`), or for the pair's first word whatever the word (`ignore`)."""
+
+    def __init__(self, scheduler, targets: torch.Tensor):
+        super().__init__()
+        self.config = Config(sample_size=SIZE, in_channels=3)
+        self.alphas = scheduler.alphas_cumprod
+        self.targets = targets  # (prompts, 3, H, W)
+
+    def forward(self, x, t, encoder_hidden_states):
+        x0 = self.targets[encoder_hidden_states[:, 0, 0].long()]  # the prompt index the fake encoder wrote
+        a = self.alphas[int(t)]
+        return (a.sqrt() * x - x0) / (1 - a).sqrt()  # x0 = sqrt(a) x - sqrt(1 - a) v
+
+
+class FakePipe:
+    def __init__(self, obey: bool):
+        self.scheduler = make_scheduler("ddim", noise_scheduler().config)
+        self.device = torch.device("cpu")
+        self.prompts, targets = [], []
+        for first, second, _, template in POSITION_PAIRS:
+            for combo in COMBOS:
+                for word in (first, second):
+                    self.prompts.append(layout_prompt(template, combo, word))
+                    targets.append(data_mean(template, combo, word if obey else first, SIZE, SIZE, SCENES))
+        self.unet = MeanImageUNet(self.scheduler, torch.stack(targets))
+
+    def encode_prompt(self, prompts):
+        return torch.tensor([self.prompts.index(p) for p in prompts], dtype=torch.float32).view(-1, 1, 1)
+
+
+@pytest.mark.parametrize("obey, expected", [(True, 1.0), (False, 0.0)])
+def test_a_model_that_obeys_the_word_scores_1_and_one_that_ignores_it_0(obey, expected):
+    result = layout_response(FakePipe(obey), draws=2, data_scenes=SCENES)
+    assert result["timesteps"][0] == 999  # trailing spacing starts from pure noise
+    for name, pair in result["pairs"].items():
+        assert pair["data_shift"] > 3, name  # the data moves the first object a few pixels
+        assert pair["response_per_step"] == pytest.approx([expected] * 3, abs=1e-4), name
+
+
+def test_identical_keys_give_a_cosine_of_1(tiny_pipeline):
+    result = key_separation(tiny_pipeline)
+    layers = result["layers"]
+    assert layers and all(v["color"]["pairs"] > 0 and v["shape"]["pairs"] > 0 for v in layers.values())
+    assert all(v["color"]["max"] < 1 - 1e-4 for v in layers.values())  # a trained encoder's words differ
+    assert result["largest_activation"] > 0
+
+    encoder, forward = tiny_pipeline.text_encoder, tiny_pipeline.text_encoder.forward
+
+    def same_everywhere(ids, **kwargs):  # every token gets one vector: the Keys cannot differ
+        out = forward(ids, **kwargs)
+        out.last_hidden_state = out.last_hidden_state[:, :1].expand_as(out.last_hidden_state)
+        return out
+
+    encoder.forward = same_everywhere
+    same = key_separation(tiny_pipeline)["layers"]
+    for v in same.values():
+        assert v["color"]["max"] == pytest.approx(1.0) and v["color"]["mean"] == pytest.approx(1.0)
+        assert v["shape"]["mean"] == pytest.approx(1.0)
