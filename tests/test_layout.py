@@ -74,3 +74,28 @@ def test_identical_keys_give_a_cosine_of_1(tiny_pipeline):
     for v in same.values():
         assert v["color"]["max"] == pytest.approx(1.0) and v["color"]["mean"] == pytest.approx(1.0)
         assert v["shape"]["mean"] == pytest.approx(1.0)
+
+
+def test_training_logs_layout_without_touching_its_random_streams(tmp_path):
+    import json
+
+    from conftest import tiny_config
+
+    from unet.eval.prompts import PAIRED_AXES
+    from unet.train import Trainer
+
+    plain = Trainer(tiny_config(tmp_path / "plain", steps=4))
+    plain.train(progress=False)
+    logged = Trainer(tiny_config(tmp_path / "logged", steps=4, layout_every=2, checkpoint_every=2))
+    logged.train(progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "logged" / "layout.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4]
+    assert all(len(r["layout_response"]) == 4 and set(r["paired"]) == set(PAIRED_AXES) for r in rows)
+    for p, q in zip(plain.ema.parameters(), logged.ema.parameters()):
+        assert torch.equal(p, q)  # the measurements drew none of the training's random numbers
+    # a resume from step 2 drops the rows logged after its checkpoint (and a line cut short by a crash)
+    (tmp_path / "logged" / "layout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9')
+    from unet.train import trim_log
+    trim_log(tmp_path / "logged" / "layout.jsonl", 2)
+    kept = [json.loads(line)["step"] for line in (tmp_path / "logged" / "layout.jsonl").read_text().splitlines()]
+    assert kept == [2]

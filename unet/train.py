@@ -73,6 +73,8 @@ class TrainConfig:
     text_variant: str = "clip"  # ablations only (unet/text_variants.py): "bidirectional", "oracle", "side-hints"
     side_hint_gain: float = 1.0  # side-hints: the table's output is gain x its weights, so it learns gain x faster
     snapshot_every: int = 0  # > 0: keep the EMA pipeline every so many steps in OUT/snapshots (for scaling curves)
+    layout_every: int = 0  # > 0: log the EMA model's layout response and paired test to OUT/layout.jsonl (seconds)
+    layout_seeds: int = 1  # seeds per prompt of that paired test
     seed: int = 0
     sample_every: int = 500
     checkpoint_every: int = 250
@@ -99,8 +101,10 @@ class TrainConfig:
         for name in ("steps", "batch_size", "size", "checkpoint_every", "sample_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.num_samples < 0 or self.snapshot_every < 0:
-            raise ValueError("num_samples and snapshot_every must be >= 0 (0: fresh scenes / no snapshots)")
+        if self.num_samples < 0 or self.snapshot_every < 0 or self.layout_every < 0:
+            raise ValueError("num_samples, snapshot_every and layout_every must be >= 0 (0: fresh scenes / none)")
+        if self.layout_seeds <= 0:
+            raise ValueError(f"layout_seeds must be a positive integer, got {self.layout_seeds}")
         if self.prediction_type not in ("epsilon", "v_prediction"):
             raise ValueError(f"prediction_type must be 'epsilon' or 'v_prediction', got {self.prediction_type!r}")
         if self.zero_terminal_snr and self.prediction_type == "epsilon":
@@ -179,16 +183,30 @@ def check_resumable(out: Path, steps: int | None = None) -> None:
 
 
 def trim_log(path: Path, step: int) -> None:
-    """Keep the rows of the loss log up to `step` (the checkpoint a resume starts from): the rows after it were
-    logged by steps the resumed run does again, so every step then appears exactly once."""
+    """Keep the rows of a run's log up to `step` (the checkpoint a resume starts from): the rows after it were
+    logged by steps the resumed run does again, so every step then appears exactly once. loss.csv rows are
+    (step, loss, seconds); layout.jsonl lines are JSON objects with a "step"."""
     if not path.exists():
         return
-    with open(path, newline="") as f:
-        rows = [r for r in csv.reader(f) if len(r) == 3 and r[0].isdigit() and int(r[0]) <= step]
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
-        csv.writer(f).writerows(rows)
+    if path.suffix == ".jsonl":
+        lines = [line for line in path.read_text().splitlines() if _json_step(line) is not None
+                 and _json_step(line) <= step]
+        tmp.write_text("".join(line + "\n" for line in lines))
+    else:
+        with open(path, newline="") as f:
+            rows = [r for r in csv.reader(f) if len(r) == 3 and r[0].isdigit() and int(r[0]) <= step]
+        with open(tmp, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
     os.replace(tmp, path)
+
+
+def _json_step(line: str) -> int | None:
+    try:
+        step = json.loads(line).get("step")
+    except (json.JSONDecodeError, AttributeError):  # a line cut short by a crash, or not an object
+        return None
+    return step if isinstance(step, int) else None
 
 
 def resumed_config(cfg: TrainConfig, saved: dict) -> TrainConfig:
@@ -416,6 +434,7 @@ class Trainer:
         cfg = self.cfg
         (self.out / "samples").mkdir(exist_ok=True)
         trim_log(self.out / "loss.csv", self.step)
+        trim_log(self.out / "layout.jsonl", self.step)
         log = open(self.out / "loss.csv", "a", newline="")  # noqa: SIM115 -- closed in the finally below
         writer = csv.writer(log)
         losses = []
@@ -489,6 +508,23 @@ class Trainer:
             self.save_pipeline(self.out / "snapshots" / f"step_{step:06d}")
         if main and (step % cfg.sample_every == 0 or step == cfg.steps or out_of_time):
             self.save_samples(self.out / "samples" / f"step_{step:06d}.png")
+        if main and cfg.layout_every and step % cfg.layout_every == 0:
+            self.log_layout(self.out / "layout.jsonl")
+
+    def log_layout(self, path: Path) -> dict:
+        """Append the EMA model's layout response and paired position test at this step to `path` (one JSON
+        line), so a run shows when placement starts. Its random numbers never touch the training's."""
+        from .eval.evaluate import paired_relations
+        from .eval.layout import layout_response
+        with torch.random.fork_rng(devices=[]):
+            pipe = self.pipeline()
+            row = {"step": self.step,
+                   "layout_response": {k: v["response"] for k, v in layout_response(pipe)["pairs"].items()},
+                   "paired": {k: v["response"] for k, v in paired_relations(pipe, seeds=self.cfg.layout_seeds,
+                                                                            guidance=1.0).items()}}
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        return row
 
     def save_pipeline(self, folder: Path):
         """The EMA pipeline, plus the words its captions used (so generation can warn about unseen ones), written

@@ -30,7 +30,8 @@ from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, res
 
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
 GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "caption_dropout", "text_variant",
-          "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction", "logit_mean", "logit_std")
+          "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction", "logit_mean", "logit_std",
+          "layout_every", "layout_seeds")
 
 
 def parse_args(argv=None):
