@@ -112,8 +112,12 @@ class AttentionHooks:
         return [n for i, n in self._names.items() if self._cross[i]]
 
     def _before_model(self, module, args, kwargs):
-        sample = args[0] if args else kwargs["sample"]
-        timestep = args[1] if len(args) > 1 else kwargs["timestep"]
+        sample = args[0] if args else kwargs.get("sample")
+        timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+        if sample is None or timestep is None:
+            missing = "sample" if sample is None else "timestep"
+            raise ValueError(f"the U-Net was called without its {missing}: call it as unet(sample, timestep, "
+                             "encoder_hidden_states=...), as diffusers does (the store files maps by timestep)")
         self._image_hw = tuple(sample.shape[-2:])
         self._timestep = float(torch.as_tensor(timestep).reshape(-1)[0])
         self.guided = guided_batch(sample)  # classifier-free guidance, seen in the input, told by no one

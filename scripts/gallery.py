@@ -2,7 +2,7 @@
 
 import sys
 
-from _front import run  # interrupts during the imports: one line, exit 130/143
+from crossattn_launcher import run  # interrupts during the imports: one line, exit 130/143
 
 if __name__ == "__main__":
     sys.exit(run("crossattn.viewer", "gallery_main"))

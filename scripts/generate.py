@@ -5,7 +5,7 @@ See `python scripts/generate.py --help`; the code is unet/cli/generate.py.
 
 import sys
 
-from _front import run  # interrupts during the imports: one line, exit 130/143
+from crossattn_launcher import run  # interrupts during the imports: one line, exit 130/143
 
 if __name__ == "__main__":
     sys.exit(run("unet.cli.generate"))

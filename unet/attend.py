@@ -8,6 +8,9 @@ image, timestep and seed.
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import numpy as np
 import torch
 from diffusers import DDPMScheduler
@@ -28,14 +31,21 @@ ATTEND_TIMESTEP = 100
 def read_image(path) -> tuple[Image.Image, list[str]]:
     """The file at `path` decoded whole as an RGB image, and notes on what was done to it.
 
-    Grayscale and palette images are converted to RGB; an alpha channel is composited on black (the
-    scenes' background). Anything that is not a complete, readable image raises UsageError.
+    Grayscale and palette images are converted to RGB, 16-bit and float ones by their value range (PIL's own
+    conversion would clip them to black and white); an alpha channel is composited on black (the scenes'
+    background). Anything that is not a complete, readable image of a sane size raises UsageError.
     """
     notes = []
     try:
-        with Image.open(path) as image:
+        with warnings.catch_warnings():
+            # a header declaring more pixels than PIL decodes safely: refused before it is decoded
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(path)
+        with image:
             image.load()  # decodes everything: a truncated file fails here, not later
             mode = image.mode
+            if mode.startswith("I") or mode == "F":
+                return high_depth_to_rgb(image), [f"{mode} image converted to 8-bit RGB by its value range"]
             if "A" in image.getbands() or (mode == "P" and "transparency" in image.info):
                 rgba = image.convert("RGBA")
                 image = Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba).convert("RGB")
@@ -46,6 +56,11 @@ def read_image(path) -> tuple[Image.Image, list[str]]:
             else:
                 image = image.copy()
             return image, notes
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        declared = re.search(r"\((\d+) pixels\)", str(e))
+        count = f"{int(declared[1]):,}" if declared else "too many"
+        raise UsageError(f"image {shorten(str(path))} declares {count} pixels, more than the "
+                         f"{Image.MAX_IMAGE_PIXELS:,} PIL decodes safely: not an image this model can use") from e
     except FileNotFoundError as e:
         raise UsageError(f"image {shorten(str(path))} does not exist") from e
     except IsADirectoryError as e:
@@ -54,6 +69,20 @@ def read_image(path) -> tuple[Image.Image, list[str]]:
         raise UsageError(f"{shorten(str(path))} is not an image file PIL can read (PNG, JPEG, ...)") from e
     except (OSError, SyntaxError, ValueError) as e:  # truncated or corrupt data, unreadable file
         raise UsageError(f"image {shorten(str(path))} could not be read whole: {shorten(str(e), 120)}") from e
+
+
+def high_depth_to_rgb(image: Image.Image) -> Image.Image:
+    """A 16-bit ("I;16", "I") or float ("F") grayscale image as 8-bit RGB: 16-bit values scaled from 0..65535,
+    others from 0..255 when they fit, else from their own minimum..maximum."""
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode.startswith("I;16") or (image.mode == "I" and values.max(initial=0) > 255):
+        top, low = 65535.0, 0.0
+    elif values.min(initial=0) >= 0 and values.max(initial=0) <= 255:
+        top, low = 255.0, 0.0
+    else:
+        low, top = float(values.min()), float(values.max())
+    gray = np.round((values - low) / max(top - low, 1e-12) * 255).clip(0, 255).astype(np.uint8)
+    return Image.fromarray(np.repeat(gray[..., None], 3, axis=2), "RGB")
 
 
 def fit_image(image: Image.Image, size: tuple[int, int]) -> tuple[np.ndarray, list[str]]:

@@ -83,6 +83,18 @@ def remove_stale_partials(out: Path) -> list[Path]:
     return removed
 
 
+def remove_stale_temp_files(folder: Path) -> list[Path]:
+    """Delete `.<name>.<pid>.tmp` files (a checkpoint being written, `checkpoint.save`) whose process is gone: a
+    run killed during a save leaves one, as large as the checkpoint. Those of live processes are left alone."""
+    removed = []
+    for path in folder.glob(".*.tmp"):
+        pid = path.name[:-len(".tmp")].rsplit(".", 1)[-1]
+        if path.is_file() and pid.isdigit() and not _process_alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def claim_folder(parent: Path, name: str) -> Path:
     """Create and return `parent/name`, or the first free `name-2`, `name-3` ...: `mkdir` either makes the
     folder or fails, so two runs started together never get the same one."""

@@ -29,6 +29,15 @@ def _handled() -> list[int]:
     return [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
 
 
+def _quiet_unraisable(unraisable) -> None:
+    """`sys.unraisablehook` while a command runs: an interrupt raised where Python cannot propagate it (a weakref
+    callback, a __del__) is already noted for `raise_swallowed`, so its "Exception ignored ... Traceback" block
+    is not printed before the command's one line. Anything else is printed as Python would."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """Inside the block SIGINT and SIGTERM raise `Interrupted` (a KeyboardInterrupt) and are noted, so that
@@ -37,11 +46,13 @@ def sigterm_as_interrupt():
         yield
         return
     previous = {s: signal.signal(s, _raise_interrupted) for s in _handled()}
+    hook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = hook
         _raised.clear()  # the command is over: what it was told is settled
 
 

@@ -29,7 +29,7 @@ from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, 
 
 from . import checkpoint
 from .data import SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
-from .folders import partial_folder, publish  # what the commands share for interrupts and result folders
+from .folders import partial_folder, publish, remove_stale_temp_files
 from .growth import load_weights, remap_moments
 from .model import UNet
 from .pipeline import ScenePipeline, check_seed, make_scheduler
@@ -141,27 +141,28 @@ class TrainConfig:
                              f"got {list(self.channels)}")
         if self.clip is None and self.text_width % self.heads:
             raise ValueError(f"--text-width {self.text_width} must be a multiple of --heads {self.heads}")
-        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "min_snr_gamma", "max_minutes",
-                     "side_hint_gain"):
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "min_snr_gamma", "max_minutes"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
         if self.lr == 0 or self.ema_decay >= 1:
             raise ValueError(f"--lr must be > 0 and --ema-decay < 1, got {self.lr} and {self.ema_decay}")
-        if self.side_hint_gain == 0:
-            raise ValueError("--side-hint-gain must be > 0: at 0 the side hints never change anything")
+        if not (math.isfinite(self.side_hint_gain) and self.side_hint_gain > 0):
+            raise ValueError(f"--side-hint-gain must be a finite number > 0 (at 0 the side hints never change "
+                             f"anything), got {self.side_hint_gain}")
         if 0 < self.num_samples < self.batch_size:
             raise ValueError(f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}: "
                              "every batch would be short")
         check_seed(self.seed, top=TRAIN_MAX_SEED)
 
 
-def check_resumable(out: Path, steps: int | None = None) -> None:
-    """A run folder `--resume` can continue (to `steps`, if given): a readable config and an undamaged checkpoint
-    (its recorded SHA-256, finite weights) with its step and weights, not already past `steps`."""
+def check_resumable(out: Path, steps: int | None = None, flag: str = "--resume") -> None:
+    """A run folder `--resume` (or `flag`: --grow-from, --model) can continue (to `steps`, if given): a readable
+    config and an undamaged checkpoint (its recorded SHA-256, finite weights) with its step and weights, not
+    already past `steps`."""
     ckpt, config = out / "checkpoint.safetensors", out / "train_config.json"
     if not ckpt.is_file():
-        raise FileNotFoundError(f"--resume given but {ckpt} does not exist")
+        raise FileNotFoundError(f"{flag} {out}: {ckpt} does not exist, so there is no trained run to continue")
     metadata, keys = checkpoint.read_metadata(ckpt)
     step = metadata.get("step")
     if step is None or not step.isdigit():
@@ -176,7 +177,7 @@ def check_resumable(out: Path, steps: int | None = None) -> None:
     try:
         saved = json.loads(config.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--resume needs {config}, a readable JSON file: {e}") from e
+        raise ValueError(f"{flag} needs {config}, a readable JSON file: {e}") from e
     if not isinstance(saved, dict):
         raise ValueError(f"{config} must hold a JSON object of training settings")
     checkpoint.load(ckpt)  # the hash and finiteness: a damaged checkpoint is refused before any work
@@ -256,7 +257,7 @@ def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
     """The EMA model of a run folder's checkpoint as a pipeline, whatever its text side: runs of an ablation
     encoder have no pipeline folder (those are not diffusers parts), and a running run's latest checkpoint
     can be evaluated between snapshots. The folder is only read."""
-    check_resumable(folder)
+    check_resumable(folder, flag="--model")
     cfg = resumed_config(TrainConfig(out=str(folder)), json.loads((folder / "train_config.json").read_text()))
     tokenizer = None if cfg.clip else load_tokenizer(folder / "tokenizer")  # the run's own vocabulary
     tokenizer, text_encoder, unet = build_components(cfg, folder, tokenizer)
@@ -313,6 +314,7 @@ class Trainer:
         self.accelerator = Accelerator()
         torch.manual_seed(cfg.seed)
         self.out.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(self.out)  # a checkpoint half-written by a run that was killed
         if cfg.resume:
             self.cfg = cfg = resumed_config(cfg, json.loads((self.out / "train_config.json").read_text()))
         elif self.accelerator.is_main_process:

@@ -124,6 +124,9 @@ def refined_token_maps(store: AttentionStore, size: tuple[int, int], refinement:
     if refinement.iterations == 0:
         return token_maps(store, size, **select)
     affinity, hw = self_affinity(store, refinement.self_resolution, refinement.self_timesteps)
+    if hw[0] * hw[1] < 2:  # one pixel attends only to itself: propagation has nothing to spread, iSeg's renorm -> 0
+        raise ValueError(f"refined maps need self-attention over at least 2 pixels; this image's is {hw[0]}x{hw[1]} "
+                         "(too small an image for the model's self-attention level): use plain maps or a larger image")
     affinity = sharpen_affinity(affinity, refinement.sharpen)
     return token_maps(store, size, propagate=lambda m: propagate(m, affinity, hw, refinement.iterations,
                                                                  refinement.renorm), **select)

@@ -29,6 +29,7 @@ from ..attend import (
     read_image,
     record_noised,
 )
+from ..folders import WRITE_ERRORS, write_failed
 from ..pipeline import PRETRAINED, Settings, load_pipeline
 from ..run_folder import attend_name, map_store, run_maps, write_run_files
 from . import (
@@ -125,6 +126,8 @@ def main(argv=None) -> int:
                                 args.maps, args.normalize, str(args.image), notes, args.overwrite)
         except KeyboardInterrupt as e:
             return interrupted(e, "no half-written folder left")
+        except WRITE_ERRORS as e:  # a full disk or a file-size limit: the partial folder is gone already
+            return write_failed(e, "the run folder")
     print(folder)
     return 0
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from crossattn.control import check_factor
+from crossattn.text import dropped_words
 from unet.cli import (
     UsageError,
     check_out_dir,
@@ -27,8 +28,9 @@ from unet.cli import (
 )
 from unet.eval.control import CONTROLS, fmt, run_control_evaluation
 from unet.eval.control import write as write_control
-from unet.eval.evaluate import paired_relations, relation_word_similarity, run_evaluation
-from unet.eval.layout import key_separation, layout_response
+from unet.eval.evaluate import paired_prompts, paired_relations, relation_word_similarity, run_evaluation
+from unet.eval.layout import COMBOS, POSITION_PAIRS, key_separation, layout_prompt, layout_response
+from unet.eval.prompts import PAIRED_AXES, eval_prompts
 from unet.eval.report import check_readme, layout_markdown, refresh_readme, relations_markdown, write
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import SCHEDULERS, default_guidance, load_pipeline
@@ -106,7 +108,18 @@ def check_args(args) -> None:
 
 
 def check_model_args(pipe, args) -> None:
-    """What needs the model: steps and the dataset timestep within the scheduler's training timesteps."""
+    """What needs the model: steps and the dataset timestep within the scheduler's training timesteps, and a
+    tokenizer long enough for every prompt the evaluation samples (a cut prompt would be judged on words the
+    model never saw)."""
+    prompts = [p.prompt for p in eval_prompts()] + [p.prompt for axis in PAIRED_AXES for p in paired_prompts(axis)]
+    prompts += [layout_prompt(template, combo, word) for first, second, _, template in POSITION_PAIRS
+                for combo in COMBOS for word in (first, second)]
+    for prompt in dict.fromkeys(prompts):
+        dropped = dropped_words(pipe.tokenizer, prompt)
+        if dropped:
+            raise UsageError(f"the model's tokenizer ({pipe.tokenizer.model_max_length} tokens) cuts the evaluation "
+                             f"prompt {prompt!r} after {' '.join(prompt.split()[:-len(dropped)])!r}: this model "
+                             "cannot be evaluated on it")
     limit = pipe.scheduler.config.num_train_timesteps
     if args.steps > limit:
         raise UsageError(f"--steps must be at most {limit} (the scheduler's training timesteps), got {args.steps}")

@@ -80,7 +80,10 @@ def generate_one(pipe, prompt: str, settings: Settings, out_dir: Path, model_nam
     t0 = time.perf_counter()
     images = to_uint8(images)  # (N, H, W, 3)
     size = images.shape[1:3]
-    word_tensor, tensors, kinds = run_maps(pipe, store, words, size, maps, settings.normalize, refinement)
+    try:
+        word_tensor, tensors, kinds = run_maps(pipe, store, words, size, maps, settings.normalize, refinement)
+    except ValueError as e:  # e.g. refined maps of an image too small to have self-attention to refine with
+        raise UsageError(f"--maps {maps}: {e}") from e
     timings["maps_s"] = time.perf_counter() - t0
 
     with partial_folder(out_dir) as tmp:  # renamed into place only when complete; removed on any error
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
         model_name = str(args.model or "shipped:" + PRETRAINED.name)
-        try:
+        try:  # a UsageError here comes after sampling (what the maps need is known only then); nothing is written
             for prompt in args.prompts:
                 folder = generate_one(pipe, prompt, settings, Path(args.out), model_name, args.words, args.overwrite,
                                       show_progress=not args.quiet, maps=args.maps)
@@ -158,6 +161,8 @@ def main(argv=None) -> int:
                 if plan is not None:
                     folder = control_one(pipe, plan, prompt, settings, folder, show_progress=not args.quiet)
                     print(folder / "compare.png")
+        except UsageError as e:
+            return usage_error(e)
         except KeyboardInterrupt as e:
             return interrupted(e, "no half-written folder left; the folders printed above are complete")
         except WRITE_ERRORS as e:  # a full disk or a file-size limit: the partial folder is gone already

@@ -11,8 +11,8 @@ import argparse
 import sys
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
+from unet.attend import read_image
 from unet.cli import UsageError, usage_error
 from unet.eval.detect import detect
 from unet.eval.prompts import check, parse_prompt
@@ -33,13 +33,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         parse_prompt(args.prompt)
-        images = []
-        for path in args.images:
-            try:
-                with Image.open(path) as im:
-                    images.append(np.asarray(im.convert("RGB")))
-            except (OSError, UnidentifiedImageError) as e:
-                raise UsageError(f"{path} is not a readable image: {e}") from e
+        images = [np.asarray(read_image(path)[0]) for path in args.images]  # as attend reads them
     except (ValueError, UsageError) as e:
         return usage_error(e)
     right = 0

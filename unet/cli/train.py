@@ -85,6 +85,9 @@ def training_config(args) -> TrainConfig:
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     values["channels"] = tuple(values["channels"])
     if args.grow_from is None:
+        if values.get("side_hint_gain") is not None and values.get("text_variant") != "side-hints":
+            raise UsageError(f"--side-hint-gain {values['side_hint_gain']}: it applies only with --text-variant "
+                             "side-hints (or when --grow-from adds them)")
         defaults = TrainConfig()
         for name in GROWTH:
             if values.get(name) is None:
@@ -95,7 +98,7 @@ def training_config(args) -> TrainConfig:
     if args.resume:
         raise UsageError("--grow-from starts a new run folder from RUN; --resume continues --out itself: give one")
     source = Path(args.grow_from)
-    check_resumable(source)
+    check_resumable(source, flag="--grow-from")
     saved = json.loads((source / "train_config.json").read_text())
     cfg = resumed_config(TrainConfig(out=args.out, steps=args.steps, max_minutes=args.max_minutes), saved)
     step = checkpoint.read_metadata(source / "checkpoint.safetensors")[0]["step"]

@@ -18,12 +18,39 @@ import json
 import sys
 from pathlib import Path
 
-from unet.cli import UsageError, check_out_dir, usage_error
+from unet.cli import (
+    UsageError,
+    check_out_dir,
+    interrupted,
+    partial_folder,
+    publish_files,
+    sigterm_as_interrupt,
+    usage_error,
+)
 from unet.eval.prompts import TASKS
 from unet.eval.scaling import fmt
+from unet.folders import WRITE_ERRORS, write_failed
 
 CURVES = (("position", "position"), ("color_attr", "colour attribution"), ("shape_pointing", "shape-word pointing"),
           ("overall", "overall"))
+
+
+LEVER_FILES = ("levers.json", "levers.md", "levers.png")
+# what a row reads from a full evaluation report (older reports lack the relation measures: those are optional)
+REQUIRED = [("prompt_following", t) for t in (*TASKS, "overall")] + [
+    ("prompt_following", "background_grain", "mean"), ("maps", "shape_words", "miou"),
+    ("maps", "shape_words", "pointing"), ("settings", "seeds")]
+
+
+def missing_key(report: dict) -> str | None:
+    """The first of `REQUIRED` that `report` lacks, as "a.b.c", or None."""
+    for path in REQUIRED:
+        node = report
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return ".".join(path)
+            node = node[key]
+    return None
 
 
 def lever_row(label: str, step: int, report: dict) -> dict:
@@ -51,20 +78,25 @@ def read_rows(specs: list[str]) -> list[dict]:
         path = Path(folder) / "report.json"
         try:
             report = json.loads(path.read_text())
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{spec!r}: {path} is not UTF-8 text (byte {e.start}): not an evaluation report") from e
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"{spec!r}: {path} is not a readable evaluation report ({e})") from e
-        if "prompt_following" not in report:
+        if not isinstance(report, dict) or "prompt_following" not in report:
             raise ValueError(f"{spec!r}: {path} is not a full evaluation report (a --relations-only one?)")
+        lacking = missing_key(report)
+        if lacking is not None:
+            raise ValueError(f"{spec!r}: {path} lacks {lacking}: not a full report of scripts/evaluate.py")
         rows.append(lever_row(label, int(step), report))
     return rows
 
 
 def write_levers(rows: list[dict], out: Path, title: str) -> None:
-    """levers.json, levers.md (one row per arm and step) and levers.png (a curve per arm for each skill)."""
+    """levers.json, levers.md (one row per arm and step) and levers.png (a curve per arm for each skill), written
+    into the folder `out`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    out.mkdir(parents=True, exist_ok=True)
     (out / "levers.json").write_text(json.dumps({"title": title, "rows": rows}, indent=1))
     head = ["arm", "step", *TASKS, "overall", "grain /255", "shape mIoU / pointing",
             "relation response (h / v; u: unpaired)", "left/right similarity"]
@@ -95,14 +127,30 @@ def main(argv=None) -> int:
     p.add_argument("arms", nargs="+", metavar="LABEL=REPORT_FOLDER@STEP")
     p.add_argument("--out", required=True, help="folder for levers.md, levers.json and levers.png")
     p.add_argument("--title", default="Levers, full evaluations of paired runs")
+    p.add_argument("--overwrite", action="store_true", help="replace a table already in --out")
     args = p.parse_args(argv)
-    try:
-        check_out_dir(args.out)
-        rows = read_rows(args.arms)
-    except (ValueError, UsageError) as e:
-        return usage_error(e)
-    write_levers(rows, Path(args.out), args.title)
-    print(f"wrote {Path(args.out) / 'levers.md'} and levers.png ({len(rows)} rows)")
+    out = Path(args.out)
+    with sigterm_as_interrupt():
+        try:
+            check_out_dir(args.out)
+            taken = [name for name in LEVER_FILES if (out / name).exists()]
+            if taken and not args.overwrite:
+                raise UsageError(f"--out {out} already holds {', '.join(taken)}; pass --overwrite to replace them, "
+                                 "or choose another --out")
+            rows = read_rows(args.arms)
+        except (ValueError, UsageError) as e:
+            return usage_error(e)
+        except KeyboardInterrupt as e:
+            return interrupted(e, "nothing was written")
+        try:
+            with partial_folder(out) as tmp:  # the three files appear together or not at all
+                write_levers(rows, tmp, args.title)
+                publish_files(tmp, out, [tmp / name for name in LEVER_FILES])
+        except KeyboardInterrupt as e:
+            return interrupted(e, "no table written (its files appear only when all three are complete)")
+        except WRITE_ERRORS as e:
+            return write_failed(e, "the levers table")
+    print(f"wrote {out / 'levers.md'}, levers.json and levers.png ({len(rows)} rows)")
     return 0
 
 

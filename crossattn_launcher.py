@@ -1,7 +1,9 @@
-"""What every front end here shares: Ctrl-C or SIGTERM while the command is still importing torch and
-diffusers (seconds) gives one line and exit code 128 + the signal, never a traceback or exit code 0.
+"""How every command starts, `scripts/*.py` and the installed console commands alike: Ctrl-C or SIGTERM while
+the command is still importing torch and diffusers (seconds) gives one line and exit code 128 + the signal,
+never a traceback or exit code 0.
 
-Only the standard library is imported here, so the handlers are in place before the slow imports begin.
+Only the standard library is imported here (it is a top-level module, outside the `unet` and `crossattn`
+packages whose imports are the slow part), so the handlers are in place before the slow imports begin.
 """
 
 import importlib
@@ -39,3 +41,16 @@ def run(module: str, function: str = "main") -> int:
         return main()
     except KeyboardInterrupt as e:  # the commands report their own; this is what came before they ran
         return _report(getattr(e, "signum", None) or next((a for a in e.args if isinstance(a, int)), signal.SIGINT))
+
+
+# the console commands of pyproject.toml's [project.scripts]
+def generate() -> int:
+    return run("unet.cli.generate")
+
+
+def attend() -> int:
+    return run("unet.cli.attend")
+
+
+def gallery() -> int:
+    return run("crossattn.viewer", "gallery_main")
