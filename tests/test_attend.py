@@ -143,7 +143,7 @@ def test_attend_on_a_stable_diffusion_folder_encodes_with_the_vae(tmp_path, caps
 
 def test_console_command_installed():
     (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "crossattn-attend"]
-    assert entry.value == "unet.cli.attend:main"
+    assert entry.value == "crossattn_launcher:attend"  # through the launcher, as scripts/attend.py
 
 
 def test_attend_refuses_an_sdxl_folder_in_one_line(tmp_path, capsys):

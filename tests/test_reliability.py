@@ -20,6 +20,12 @@ from unet.folders import publish
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def default_sigint() -> None:
+    """A child's SIGINT at its default: started from a background job, it would inherit SIGINT as ignored (and
+    rightly keep ignoring it), so a test that sends SIGINT must undo that in the child."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def one_line(err: str, message: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
@@ -62,7 +68,8 @@ TINY_TRAIN = ["--size", "16", "--channels", "8", "16", "16", "--text-width", "16
 
 def train_process(out: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), "--out", str(out), *TINY_TRAIN,
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
 
 
 def loss_rows(run: Path) -> list[tuple[str, str]]:
@@ -402,7 +409,7 @@ def test_allocator_failure_while_sampling_gives_one_line(tiny_pipeline_dir, tmp_
 def test_signal_during_the_imports_gives_one_line(tmp_path, signum):
     import time
     proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "generate.py"), "a red circle", "--out",
-                             str(tmp_path / "out")], stderr=subprocess.PIPE, text=True)
+                             str(tmp_path / "out")], stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     time.sleep(0.5)  # torch is still being imported
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
