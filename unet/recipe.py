@@ -1,5 +1,5 @@
 """The training recipe: the noise schedule, where each image's t is drawn, the loss and its weight, the learning
-rate. The loop that runs it is unet/train.py; `TrainConfig` there holds every value named here.
+rate. The loop that runs it is unet/train.py; `cfg` below is its `TrainConfig`, which holds every value named here.
 
 v-prediction on a schedule rescaled to zero terminal SNR (Lin et al. 2024), so t = T - 1 is pure noise and the
 model can still predict x0 there, where layout and colour are decided.
@@ -8,15 +8,11 @@ model can still predict x0 there, where layout and colour are decided.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from diffusers.training_utils import compute_density_for_timestep_sampling
-
-if TYPE_CHECKING:
-    from .train import TrainConfig
 
 TIMESTEP_SAMPLING = ("uniform", "layout-share", "logit-normal")
 
@@ -37,7 +33,7 @@ def loss_weight(snr: torch.Tensor, prediction_type: str, gamma: float) -> torch.
     return snr.clamp(max=gamma) / snr
 
 
-def sample_timesteps(cfg: TrainConfig, batch_size: int, num_train_timesteps: int,
+def sample_timesteps(cfg, batch_size: int, num_train_timesteps: int,
                      generator: torch.Generator) -> torch.Tensor:
     """The training timesteps (B,) int64 in [0, T), drawn from `generator` by `cfg.timestep_sampling`; t = T - 1 is
     pure noise. "uniform" draws exactly what runs before this option drew, so old runs resume bit for bit."""
@@ -71,7 +67,7 @@ def diffusion_loss(unet, scheduler: DDPMScheduler, images: torch.Tensor, context
     return (weight * per_image).mean()
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, cfg) -> float:
     """Linear warm-up, then constant or cosine decay from lr to min_lr.
 
     A cosine schedule depends on the run's length, so extending a run with --resume restarts it high:
