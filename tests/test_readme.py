@@ -3,9 +3,11 @@ sharing one namespace, as a reader would), the README's quick start, and every l
 into the repository."""
 
 import importlib
+import inspect
 import json
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -100,10 +102,19 @@ def quick_start() -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in lines if line.strip()]
 
 
+RUN = re.compile(r'run\("([\w.]+)"(?:, "(\w+)")?\)')  # crossattn_launcher.run("module", "function")
+
+
+def started(source: str) -> tuple[str, str]:
+    """The module and function that a front end's `run(...)` line starts."""
+    module, function = RUN.search(source).groups()
+    return module, function or "main"
+
+
 def entry_point(script: str):
-    """The function `scripts/NAME.py` runs (its `run("module", "function")` line)."""
-    module, function = re.search(r'run\("([\w.]+)"(?:, "(\w+)")?\)', (ROOT / script).read_text()).groups()
-    return getattr(importlib.import_module(module), function or "main")
+    """The function `scripts/NAME.py` runs."""
+    module, function = started((ROOT / script).read_text())
+    return getattr(importlib.import_module(module), function)
 
 
 def test_quick_start_runs_as_written(tmp_path, monkeypatch):
@@ -132,16 +143,17 @@ def test_quick_start_runs_as_written(tmp_path, monkeypatch):
     assert run.name in gallery and attended.name in gallery
 
 
-def test_console_commands_the_readme_names_run_the_scripts():
+def test_console_commands_the_readme_names_run_the_scripts(monkeypatch):
     table = (ROOT / "pyproject.toml").read_text().split("[project.scripts]\n")[1].split("\n\n")[0]
     scripts = dict(re.findall(r'^([\w-]+) = "([\w.:]+)"$', table, flags=re.M))  # tomllib needs Python 3.11
     assert scripts
-    named = set(re.findall(r"`(crossattn-\w+)`", README.read_text()))
-    assert named == set(scripts)
+    assert set(re.findall(r"`(crossattn-\w+)`", README.read_text())) == set(scripts)
+    monkeypatch.syspath_prepend(str(ROOT))  # top-level modules such as crossattn_launcher
     for command, target in scripts.items():
         module, function = target.split(":")
-        assert entry_point(f"scripts/{command.removeprefix('crossattn-')}.py") is \
-            getattr(importlib.import_module(module), function)
+        entry = inspect.getsource(getattr(importlib.import_module(module), function))
+        ran = started(entry) if RUN.search(entry) else (module, function)
+        assert ran == started((ROOT / "scripts" / f"{command.removeprefix('crossattn-')}.py").read_text()), command
 
 
 def test_every_link_and_figure_into_the_repository_exists():
@@ -161,6 +173,26 @@ def test_every_link_and_figure_into_the_repository_exists():
     assert not broken, broken
     figures = [t for p in PAGES for t in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", p.read_text())]
     assert len(figures) >= 10  # the pages show figures: a pattern that finds none is broken
+
+
+def link_targets() -> set[Path]:
+    targets = set()
+    for page in PAGES:
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            path = target.partition("#")[0]
+            if path and not re.match(r"[a-z]+:", target):
+                targets.add((page.parent / path).resolve())
+    return targets
+
+
+def test_every_example_artefact_is_shown_or_linked_by_a_page():
+    listed = subprocess.run(["git", "ls-files", "outputs/examples"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: the tracked artefacts are unknown")
+    targets = link_targets()
+    unlinked = [f for f in listed.stdout.split()
+                if not {(ROOT / f).resolve(), *(ROOT / f).resolve().parents} & targets]
+    assert not unlinked, unlinked  # git keeps what no page shows: remove it with git rm
 
 
 def test_readme_is_short():
