@@ -461,12 +461,12 @@ def test_signal_during_the_final_save_leaves_no_half_pipeline(tmp_path, capsys, 
     assert (run / "pipeline" / "model_index.json").is_file()
 
 
-def test_stale_steered_partial_folders_are_removed(tiny_pipeline_dir, tmp_path):
+def test_stale_controlled_partial_folders_are_removed(tiny_pipeline_dir, tmp_path):
     from unet.cli import generate
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     run = tmp_path / "earlier-run"
-    stale, live = run / f"{PARTIAL}{dead.pid}-steered-abc", run / f"{PARTIAL}{os.getpid()}-steered-xyz"
+    stale, live = run / f"{PARTIAL}{dead.pid}-controlled-abc", run / f"{PARTIAL}{os.getpid()}-controlled-xyz"
     for folder in (stale, live):
         folder.mkdir(parents=True)
         (folder / "compare.png").write_bytes(b"half")

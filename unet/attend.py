@@ -21,10 +21,10 @@ from crossattn.errors import UsageError, shorten
 from .data import to_model_range
 from .pipeline import ScenePipeline, default_size
 
-# Chosen by measurement (docs/guides/maps.md, "Maps of an image you already have"): the evaluation's dataset read-out of
-# the shipped model at t = 100, 200, 300, 500 (report "dataset_timestep_sweep"). t = 100 ties t = 300 on shape
-# words (mIoU + pointing 0.926 both) and reads colour words best (0.219 / 0.405 against 0.178 / 0.346 at 300);
-# the field's one-pass recipes (iSeg, DiffSegmenter) also read at t = 100.
+# Chosen by measurement (docs/model-card.md, the dataset read-out against the timestep): the shipped model's plain
+# maps of dataset scenes at t = 100, 200, 300, 500 (outputs/examples/eval/report.json, "dataset_timestep_sweep").
+# t = 100 points best (shape words: mIoU 0.209, pointing 0.728, against 0.209 / 0.662 at t = 300; colour words
+# 0.150 / 0.595 against 0.160 / 0.503); the field's one-pass recipes (iSeg, DiffSegmenter) also read at t = 100.
 ATTEND_TIMESTEP = 100
 
 

@@ -197,7 +197,8 @@ class ScenePipeline(DiffusionPipeline):
         super().__init__()
         self.register_modules(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer, scheduler=scheduler)
         # How this model wants to be guided, saved with it (model_index.json). guidance_scale is the default
-        # scale: 1 = no guidance, which our models trained from scratch sample best with (docs/experiments/).
+        # scale: 1 = no guidance, which our models trained from scratch sample best with
+        # (docs/experiments/guidance.md, docs/experiments/longer-training-colour-collapse.md).
         # Guidance is applied only while guidance_min_t <= t <= guidance_max_t (None: no upper limit):
         # guiding the low-noise steps adds grain, and on our model guiding the high-noise steps, where the
         # prompt barely moves the prediction, breaks colours ("Applying guidance in a limited interval",

@@ -72,7 +72,7 @@ def lr_at(step: int, cfg) -> float:
 
     A cosine schedule depends on the run's length, so extending a run with --resume restarts it high:
     that warm restart was one cause of the colour collapse in longer training
-    (docs/experiments/).
+    (docs/experiments/longer-training-colour-collapse.md).
     """
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup

@@ -53,7 +53,7 @@ class Refinement:
 
 
 # What `--maps refined` uses: the refinement the full evaluation chose on its selection split for the shipped
-# model (2026-12-01; docs/guides/maps.md). Reading only the low-noise steps' self-attention also bounds
+# model (2026-12-01; docs/model-card.md, "Map accuracy"). Reading only the low-noise steps' self-attention also bounds
 # the store: 3 of 10 timestep windows.
 DEFAULT_REFINEMENT = Refinement(iterations=4, self_timesteps=(0, 299), renorm="iseg")
 

@@ -59,8 +59,10 @@ def parse_args(argv=None):
                    help="only whether relation words move the objects (paired from the same noise) and how alike "
                         "the text encoder makes them: a few minutes, for watching a run (a snapshot or --model RUN)")
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--readme", default=None, help="also rewrite the maps tables of this README (its "
-                                                  "'<!-- maps: begin -->' block) from the new report")
+    p.add_argument("--readme", default=None, metavar="PAGE",
+                   help="also rewrite the maps tables of this page (its '<!-- maps: begin -->' ... "
+                        "'<!-- maps: end -->' block) from the new report, e.g. docs/model-card.md (then copy it to "
+                        "the model folder's README.md)")
     p.add_argument("--control", choices=CONTROLS, default=None,
                    help="measure one control instead: with and without it on the same prompts and seeds "
                         "(unet/eval/control.py)")

@@ -10,7 +10,7 @@
 start at identity -- position embeddings, pooled text, self-attention at more levels, side hints on the
 text (`--text-variant side-hints`, an ablation: unet/text_variants.py) -- or another data mix: the same step,
 batches, optimizer moments and random streams, so it pairs step for step with the run it came from.
-That is how the levers are measured on a trained model (docs/experiments/).
+That is how the levers are measured on a trained model (docs/experiments/levers-grown-from-the-trained-model.md).
 """
 
 import argparse
