@@ -214,7 +214,7 @@ def test_growth_keeps_the_optimizer_moments_of_every_old_weight(trained_run, tmp
     (["--steps", "3"], "at step 3 already"),
     (["--resume"], "give one"),
     (["--side-hint-gain", "5"], "only with --text-variant side-hints"),
-    (["--text-variant", "side-hints", "--side-hint-gain", "0"], "must be > 0"),
+    (["--text-variant", "side-hints", "--side-hint-gain", "0"], "must be a finite number > 0"),
 ])
 def test_grow_from_refuses_what_would_lose_weights(trained_run, tmp_path, capsys, args, message):
     out = tmp_path / "grown"

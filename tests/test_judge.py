@@ -39,4 +39,4 @@ def test_judge_command_counts_and_refuses_bad_files(tmp_path, capsys):
     (tmp_path / "text.png").write_text("not an image")
     assert main([scene.caption, str(tmp_path / "text.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not a readable image" in err[0]
+    assert len(err) == 1 and "is not an image file PIL can read" in err[0]  # as attend reads images

@@ -132,7 +132,7 @@ def test_gallery_refuses_a_run_folder(run_dir, capsys):
 
 def test_gallery_console_command_installed():
     (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "crossattn-gallery"]
-    assert entry.value == "crossattn.viewer:gallery_main"
+    assert entry.value == "crossattn_launcher:gallery"  # through the launcher, as scripts/gallery.py
 
 
 # --- in headless Chromium
