@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from crossattn.capture import AttentionStore
 from crossattn.control import (
@@ -40,6 +40,7 @@ from crossattn.text import prompt_words
 
 from .data import SHAPES
 from .folders import PARTIAL
+from .run_folder import read_run
 from .signals import raise_swallowed
 
 
@@ -139,10 +140,7 @@ def control_one(pipe, plan: ControlPlan, prompt: str, settings, folder: Path, sh
     size = images.shape[1:3]
     words = prompt_words(pipe.tokenizer, controlled)
     maps = word_maps(store, words, size, index=None, normalize=settings.normalize)  # (N, words, H, W)
-    plain_meta = json.loads((folder / "meta.json").read_text())
-    plain_words = [w["text"] for w in plain_meta["words"]]
-    plain_maps = load_file(str(folder / "maps.safetensors"))
-    plain = torch.stack([plain_maps[f"{i}_{w}"][0] for i, w in enumerate(plain_words)])  # (words, H, W), image 0
+    plain_meta, plain_words, plain = read_run(folder)  # plain: (words, H, W), image 0
     vmax = float(max(plain.max(), maps[0].max()))  # one colour scale for both rows of the comparison
 
     # named like every partial folder (with this process's id), so a later run removes it if this one is killed

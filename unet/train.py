@@ -42,7 +42,6 @@ from .text_variants import TEXT_VARIANTS, text_side
 TRAIN_MAX_SEED = 2 ** 32 - 1
 
 
-
 @dataclass
 class TrainConfig:
     out: str = "runs/scenes-32"
