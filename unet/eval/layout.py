@@ -24,6 +24,7 @@ import torch
 from crossattn.text import prompt_words
 
 from ..data import COLORS, SceneSampler, scenes_to_tensor, to_model_range
+from ..pipeline import make_scheduler
 from .prompts import eval_prompts
 
 # (first word, second word, axis, prompt template): under the first word the first object sits at the smaller
@@ -100,10 +101,11 @@ def data_shifts(height: int, width: int, scenes: int = 300) -> dict[str, float]:
 
 @torch.no_grad()
 def first_step_means(pipe, prompts: list[str], draws: int, seed: int, steps: int = 25) -> list[torch.Tensor]:
-    """Per sampling step among the first `LAYOUT_STEPS` of a `steps`-step run: the model's x0 prediction averaged
-    over `draws` noise draws, (prompts, 3, H, W); every prompt starts from the same noise. Unguided: the
-    conditional mean is the model's own."""
-    scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)  # the user's scheduler stays untouched
+    """Per sampling step among the first `LAYOUT_STEPS` of a `steps`-step DDIM run (trailing spacing, from the
+    model's own scheduler config, whatever sampler the pipeline has): the model's x0 prediction averaged over
+    `draws` noise draws, (prompts, 3, H, W); every prompt starts from the same noise. Unguided: the conditional
+    mean is the model's own."""
+    scheduler = make_scheduler("ddim", pipe.scheduler.config)  # its x0 estimate; the pipeline's own stays untouched
     scheduler.set_timesteps(steps)
     size = pipe.unet.config.sample_size
     context = pipe.encode_prompt(prompts).repeat_interleave(draws, dim=0)  # (P * draws, T, D)
@@ -123,7 +125,7 @@ def first_step_means(pipe, prompts: list[str], draws: int, seed: int, steps: int
 def layout_response(pipe, draws: int = 32, seed: int = 0, steps: int = 25, data_scenes: int = 300) -> dict:
     """For every position pair: the model's shift (px) at each of the first sampling steps, the data's, and their
     ratio at the first step (`response`; 1 = places as the data does, 0 = the word changes nothing)."""
-    timesteps = type(pipe.scheduler).from_config(pipe.scheduler.config)
+    timesteps = make_scheduler("ddim", pipe.scheduler.config)
     timesteps.set_timesteps(steps)
     size = pipe.unet.config.sample_size
     data = data_shifts(size, size, data_scenes)
