@@ -136,11 +136,11 @@ def test_resume_to_a_step_already_reached_is_refused(tmp_path, capsys, steps, me
 
 # --- 3. checkpoint integrity
 def test_committed_parts_join_and_resume_where_the_run_stopped(tmp_path):
-    """The training checkpoint the repository carries (outputs/examples/training/checkpoint-v2) joins, checks and
+    """The training checkpoint the repository carries (outputs/examples/training/checkpoint-v3) joins, checks and
     resumes."""
     from unet.cli import checkpoint_parts
     from unet.train import TrainConfig, Trainer
-    parts = ROOT / "outputs" / "examples" / "training" / "checkpoint-v2"
+    parts = ROOT / "outputs" / "examples" / "training" / "checkpoint-v3"
     run = tmp_path / "v2"
     run.mkdir()
     (run / "train_config.json").write_bytes((parts / "train_config.json").read_bytes())
