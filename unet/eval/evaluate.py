@@ -34,9 +34,8 @@ from .map_scoring import (
 from .prompts import (
     OPPOSITE_RELATIONS,
     PAIRED_AXES,
-    POSITION_SIDES,
-    RELATION_SIDES,
     TASKS,
+    WORD_SIDES,
     EvalPrompt,
     background_grain,
     check,
@@ -122,7 +121,7 @@ def paired_relations(pipe, seeds: int = 8, steps: int = 25, guidance: float | No
     guidance = default_guidance(pipe) if guidance is None else guidance
     result = {}
     for axis, (first, second, kind) in PAIRED_AXES.items():
-        index = {**RELATION_SIDES, **POSITION_SIDES}[first][0]
+        index = WORD_SIDES[first][0]
         prompts = paired_prompts(axis)
         opposite = [parse_prompt(p.prompt.replace(f" {first}", f" {second}")) for p in prompts]
         images = [to_uint8(pipe([p.prompt for p in chunk], num_images_per_prompt=seeds, num_inference_steps=steps,

@@ -100,11 +100,12 @@ def data_shifts(height: int, width: int, scenes: int = 300) -> dict[str, float]:
 
 
 @torch.no_grad()
-def first_step_means(pipe, prompts: list[str], draws: int, seed: int, steps: int = 25) -> list[torch.Tensor]:
+def first_step_means(pipe, prompts: list[str], draws: int, seed: int,
+                     steps: int = 25) -> tuple[list[int], list[torch.Tensor]]:
     """Per sampling step among the first `LAYOUT_STEPS` of a `steps`-step DDIM run (trailing spacing, from the
     model's own scheduler config, whatever sampler the pipeline has): the model's x0 prediction averaged over
     `draws` noise draws, (prompts, 3, H, W); every prompt starts from the same noise. Unguided: the conditional
-    mean is the model's own."""
+    mean is the model's own. Returns those timesteps and the means."""
     scheduler = make_scheduler("ddim", pipe.scheduler.config)  # its x0 estimate; the pipeline's own stays untouched
     scheduler.set_timesteps(steps)
     size = pipe.unet.config.sample_size
@@ -119,14 +120,12 @@ def first_step_means(pipe, prompts: list[str], draws: int, seed: int, steps: int
         out = scheduler.step(pred, t, x)
         means.append(out.pred_original_sample.view(len(prompts), draws, *x.shape[1:]).mean(dim=1).cpu())
         x = out.prev_sample
-    return means
+    return [int(t) for t in scheduler.timesteps[:LAYOUT_STEPS]], means
 
 
 def layout_response(pipe, draws: int = 32, seed: int = 0, steps: int = 25, data_scenes: int = 300) -> dict:
     """For every position pair: the model's shift (px) at each of the first sampling steps, the data's, and their
     ratio at the first step (`response`; 1 = places as the data does, 0 = the word changes nothing)."""
-    timesteps = make_scheduler("ddim", pipe.scheduler.config)
-    timesteps.set_timesteps(steps)
     size = pipe.unet.config.sample_size
     data = data_shifts(size, size, data_scenes)
     prompts, index = [], {}
@@ -135,8 +134,8 @@ def layout_response(pipe, draws: int = 32, seed: int = 0, steps: int = 25, data_
             for word in (first, second):
                 index[(first, combo, word)] = len(prompts)
                 prompts.append(layout_prompt(template, combo, word))
-    means = first_step_means(pipe, prompts, draws, seed, steps)
-    result = {"timesteps": [int(t) for t in timesteps.timesteps[:LAYOUT_STEPS]], "draws": draws, "pairs": {}}
+    timesteps, means = first_step_means(pipe, prompts, draws, seed, steps)
+    result = {"timesteps": timesteps, "draws": draws, "pairs": {}}
     for first, second, axis, template in POSITION_PAIRS:
         per_step = []
         for mean in means:

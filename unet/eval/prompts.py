@@ -84,6 +84,7 @@ RELATION_SIDES = {"left of": (0, -1), "right of": (0, 1), "above": (1, -1), "bel
 OPPOSITE_RELATIONS = {"horizontal": ("left of", "right of"), "vertical": ("above", "below")}
 # the single-object captions' absolute positions: (axis, side) of the object against the image centre
 POSITION_SIDES = {"on the left": (0, -1), "on the right": (0, 1), "on the top": (1, -1), "on the bottom": (1, 1)}
+WORD_SIDES = {**RELATION_SIDES, **POSITION_SIDES}  # every position word: (axis, side)
 # the paired test's axes: (the word, its opposite, which prompts). "shapes": the evaluation's colourless relation
 # prompts (the first two axes, as reports have always had them); "colours": relations between coloured objects;
 # "one object": a coloured object's absolute position
@@ -124,7 +125,7 @@ def paired_relation_response(pairs: list[tuple], axis: str) -> dict:
     `moved` is the share of pairs (both objects found in both) whose order along the axis the word changed.
     For a one-object axis (`PAIRED_AXES`), the offset is the object's centre minus the image's."""
     first = PAIRED_AXES[axis][0]
-    _, sign = {**RELATION_SIDES, **POSITION_SIDES}[first]
+    _, sign = WORD_SIDES[first]
     found = [(a, b) for a, b, _ in pairs if a is not None and b is not None]
     first = [np.sign(a) == sign for a, _ in found]
     second = [np.sign(b) == sign for _, b in found]
