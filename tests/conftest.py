@@ -1,5 +1,6 @@
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,11 @@ os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hf_home_"))
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)))))  # the cores this process may use
+
+
+# the scenes-32 shipped until 2026-12-02 (step 15,200): a folder saved before position embeddings, pooled text
+# and guidance_max_t existed, which must still load and sample as it did
+OLD_SCENES_32 = Path(__file__).resolve().parent / "data" / "scenes-32-step15200"
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import OLD_SCENES_32, tiny_config
 
 from crossattn import PositionEmbedding2D, SpatialTransformer
 from unet.cli import train as train_script
@@ -112,13 +112,14 @@ def test_config_saved_before_position_embeddings_loads_the_old_architecture(tiny
     assert (images[0] == images[1]).all()
 
 
-def test_shipped_model_samples_what_it_sampled_before_the_new_parts():
-    """tests/data/shipped_before_growth.png: the shipped scenes-32 sampled by the code before position
-    embeddings and pooled text existed (commit c9db371), seed 0, 10 DDIM steps. Other CPUs round differently,
-    so the bound is a little above float noise; a changed architecture or sampler moves far more."""
+def test_old_scenes_32_folder_samples_what_it_sampled_before_the_new_parts():
+    """tests/data/shipped_before_growth.png: the scenes-32 of step 15,200 (shipped until 2026-12-02, kept in
+    tests/data as a folder saved before position embeddings and pooled text existed) sampled by the code of
+    commit c9db371, seed 0, 10 DDIM steps. Other CPUs round differently, so the bound is a little above float
+    noise; a changed architecture or sampler moves far more."""
     import numpy as np
     from PIL import Image
-    pipe = load_pipeline(show_progress=False)
+    pipe = load_pipeline(OLD_SCENES_32, show_progress=False)
     assert not any("position" in n or "pooled" in n for n, _ in pipe.unet.named_parameters())
     assert not pipe.unet.config.position_embedding and not pipe.unet.config.pooled_text
     images = pipe(["a red circle left of a blue square", "a green triangle"], num_inference_steps=10,
@@ -290,8 +291,35 @@ def test_a_run_folder_evaluates_as_its_checkpoints_ema_pipeline(trained_run, tmp
     assert "## Layout response" in (out / "report.md").read_text()
     assert evaluate_script.main(["--model", str(trained_run), "--relations-only", "--control", "excite",
                                  "--out", str(tmp_path / "x")]) == 2
-    assert "--relations-only measures relations alone" in capsys.readouterr().err
+    assert "--relations-only is a measurement of its own; leave out --control" in capsys.readouterr().err
     assert {p: p.stat().st_mtime_ns for p in trained_run.rglob("*") if p.is_file()} == before
+
+
+def test_fresh_seeds_score_prompt_following_alone_on_noise_the_report_never_uses(trained_run, tmp_path, capsys):
+    """`evaluate.py --fresh-seeds BASE`: only the chosen tasks, `--seeds` images per prompt, counted; the same
+    seeds give the same counts, and it refuses to be mixed with the other measurements."""
+    from unet.cli import evaluate as evaluate_script
+    from unet.eval.prompts import eval_prompts
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        assert evaluate_script.main(["--model", str(trained_run), "--fresh-seeds", "50000", "--seeds", "2",
+                                     "--steps", "2", "--tasks", "color_attr", "two_object", "--out", str(out),
+                                     "--quiet"]) == 0
+        runs.append(json.loads((out / "report.json").read_text())["prompt_following"])
+    result = runs[0]
+    assert set(result["right_of"]) == {"color_attr", "two_object"} and "position" not in result
+    for task, (right, images) in result["right_of"].items():
+        assert images == 2 * sum(p.task == task for p in eval_prompts()) and result[task] == right / images
+    assert runs[0]["right_of"] == runs[1]["right_of"]
+    assert "| color_attr |" in (tmp_path / "a" / "report.md").read_text()
+    capsys.readouterr()
+    assert evaluate_script.main(["--model", str(trained_run), "--fresh-seeds", "1", "--relations-only",
+                                 "--out", str(tmp_path / "c")]) == 2
+    assert "two measurements; give one" in capsys.readouterr().err
+    assert evaluate_script.main(["--model", str(trained_run), "--fresh-seeds", "-1", "--out", str(tmp_path / "d")]) == 2
+    assert "--fresh-seeds must be a seed from 0" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
 
 
 def test_a_folder_just_grown_evaluates_before_its_first_save(trained_run, tmp_path):

@@ -70,7 +70,9 @@ def test_identical_keys_give_a_cosine_of_1(tiny_pipeline):
         return out
 
     encoder.forward = same_everywhere
-    same = key_separation(tiny_pipeline)["layers"]
+    result = key_separation(tiny_pipeline)
+    same = result["layers"]
+    assert result["text_output"]["color"]["mean"] == pytest.approx(1.0)  # merged before any Key is made
     for v in same.values():
         assert v["color"]["max"] == pytest.approx(1.0) and v["color"]["mean"] == pytest.approx(1.0)
         assert v["shape"]["mean"] == pytest.approx(1.0)

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import OLD_SCENES_32, tiny_config
 
 from unet import make_scheduler
 from unet.data import SceneSampler
@@ -174,9 +174,9 @@ def test_guidance_interval(tiny_pipeline, tmp_path):
 
 
 def test_old_pipeline_folder_samples_unguided_and_unlimited(tmp_path):
-    """The shipped folder predates guidance_max_t: it loads with no upper limit and its own scale (1)."""
+    """The step-15,200 scenes-32 folder predates guidance_max_t: it loads with no upper limit and its own scale (1)."""
     from unet.pipeline import load_pipeline
-    pipe = load_pipeline(None)
+    pipe = load_pipeline(OLD_SCENES_32)
     assert pipe.config.get("guidance_max_t") is None and pipe.config.guidance_scale == 1.0
 
 

@@ -46,6 +46,7 @@ def test_quick_evaluation_writes_well_formed_report(tiny_pipeline_dir, tmp_path)
     md = (out / "report.md").read_text()
     assert "| overall" in md.replace("**", "") and "daam" in md and "Relation response" in md and "paired" in md
     assert "## Layout response" in md and "| on the top/on the bottom |" in md and "## Key separation" in md
+    assert "| text encoder output (before the Keys) |" in md
     assert Image.open(out / "tasks.png").width > 300
 
 

@@ -252,6 +252,14 @@ def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.o
     return params, optimizer, [n for n, _ in decay + no_decay]
 
 
+def text_replaced(text_encoder, tensors: dict) -> bool:
+    """Whether the checkpoint `tensors` hold text weights other than `text_encoder`'s: it was saved by a run with
+    another text side (its own, trained) than the frozen one this run has."""
+    own = text_encoder.state_dict()
+    saved = {k[len("text."):]: v for k, v in tensors.items() if k.startswith("text.")}
+    return any(k not in own or own[k].shape != v.shape or not torch.equal(own[k], v) for k, v in saved.items())
+
+
 def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
     """The EMA model of a run folder's checkpoint as a pipeline, whatever its text side: runs of an ablation
     encoder have no pipeline folder (those are not diffusers parts), and a running run's latest checkpoint
@@ -261,7 +269,8 @@ def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
     tokenizer = None if cfg.clip else load_tokenizer(folder / "tokenizer")  # the run's own vocabulary
     tokenizer, text_encoder, unet = build_components(cfg, folder, tokenizer)
     tensors, _ = checkpoint.load(folder / "checkpoint.safetensors")
-    for prefix, module in (("ema", unet), ("ema_text", text_encoder)):
+    frozen_text = [] if cfg.clip else [("ema_text", text_encoder)]  # a frozen text side is its folder's
+    for prefix, module in [("ema", unet), *frozen_text]:
         # a folder --grow-from just made holds its source's checkpoint until its first save: grow it here too
         load_weights(module, tensors, prefix, folder / "checkpoint.safetensors")
         module.requires_grad_(False).eval()
@@ -396,16 +405,27 @@ class Trainer:
         tensors, metadata = checkpoint.load(self.ckpt_path)
         self.step = self.saved_step = int(metadata["step"])
         grown = []
-        for prefix, module in (("unet", self.unet), ("text", self.text_encoder), ("ema", self.ema),
-                               ("ema_text", self.ema_text)):
+        for prefix, module in self.checkpointed_modules():
             # a config that adds position embeddings, pooled text, self-attention or side hints grows the model
             grown += load_weights(module, tensors, prefix, self.ckpt_path)
         if grown:
             print(f"grown from the model of step {self.step}: {len(grown)} new weight tensors (with the EMA's) "
                   "start at identity")
-        remap_moments(self.optimizer, self.param_names, tensors)
+        if self.cfg.clip and text_replaced(self.text_encoder, tensors):
+            # grown onto a frozen CLIP from a run that trained its own text side: the Adam moments were that run's
+            # parameter order, text included; the U-Net starts afresh on them
+            print(f"grown from the model of step {self.step} onto the frozen text side of {self.cfg.clip}: the "
+                  "U-Net's weights carry over, its optimizer moments start afresh")
+        else:
+            remap_moments(self.optimizer, self.param_names, tensors)
         self.noise_gen.set_state(tensors["rng.noise"])
         torch.set_rng_state(tensors["rng.torch"])
+
+    def checkpointed_modules(self) -> list[tuple[str, torch.nn.Module]]:
+        """What a checkpoint's weights load into, by prefix. A frozen text side (`cfg.clip`) is its folder's, never
+        the checkpoint's: a run grown onto it holds its source's own text weights until it first saves."""
+        text = [] if self.cfg.clip else [("text", self.text_encoder), ("ema_text", self.ema_text)]
+        return [("unet", self.unet), ("ema", self.ema), *text]
 
     def pipeline(self, ema: bool = True) -> ScenePipeline:
         unet = self.ema if ema else self.accelerator.unwrap_model(self.unet)
@@ -540,9 +560,10 @@ class Trainer:
         with partial_folder(folder.parent) as tmp:
             self.pipeline().save_pretrained(tmp)
             # save_pretrained writes tokenizer.json only; 4.x users need these
+            vocabulary = Path(self.cfg.clip) if self.cfg.clip else self.out / "tokenizer"
             for name in ("vocab.json", "merges.txt"):
-                if (self.out / "tokenizer" / name).exists():
-                    shutil.copy(self.out / "tokenizer" / name, tmp / "tokenizer" / name)
+                if (vocabulary / name).exists():
+                    shutil.copy(vocabulary / name, tmp / "tokenizer" / name)
             (tmp / "trained_words.json").write_text(json.dumps(words))
             publish(tmp, folder, replace=True)
 

@@ -4,6 +4,7 @@
     python scripts/evaluate.py --quick         # a few prompts, for development (< 5 min on 2 cores)
     python scripts/evaluate.py --model runs/scenes-32/pipeline --out outputs/eval/mine
     python scripts/evaluate.py --model runs/v2 --out outputs/eval/latest   # a run folder: its last checkpoint
+    python scripts/evaluate.py --model runs/v3 --fresh-seeds 50000 --seeds 24 --tasks color_attr two_object
 """
 
 import argparse
@@ -18,6 +19,7 @@ import torch
 from crossattn.control import check_factor
 from crossattn.text import dropped_words
 from unet.cli import (
+    MAX_SEED,
     UsageError,
     check_out_dir,
     interrupted,
@@ -28,9 +30,15 @@ from unet.cli import (
 )
 from unet.eval.control import CONTROLS, fmt, run_control_evaluation
 from unet.eval.control import write as write_control
-from unet.eval.evaluate import paired_prompts, paired_relations, relation_word_similarity, run_evaluation
+from unet.eval.evaluate import (
+    paired_prompts,
+    paired_relations,
+    prompt_following_on_fresh_seeds,
+    relation_word_similarity,
+    run_evaluation,
+)
 from unet.eval.layout import COMBOS, POSITION_PAIRS, key_separation, layout_prompt, layout_response
-from unet.eval.prompts import PAIRED_AXES, eval_prompts
+from unet.eval.prompts import PAIRED_AXES, TASKS, eval_prompts
 from unet.eval.report import check_readme, layout_markdown, refresh_readme, relations_markdown, write
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import SCHEDULERS, default_guidance, load_pipeline
@@ -58,6 +66,12 @@ def parse_args(argv=None):
     p.add_argument("--relations-only", action="store_true",
                    help="only whether relation words move the objects (paired from the same noise) and how alike "
                         "the text encoder makes them: a few minutes, for watching a run (a snapshot or --model RUN)")
+    p.add_argument("--fresh-seeds", type=int, default=None, metavar="BASE",
+                   help="only prompt following (no maps), on --seeds images per prompt from seed BASE: noise the "
+                        "report's seeds never use, the same for every model, to tell a difference from noise "
+                        "(e.g. --fresh-seeds 50000 --seeds 24)")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
+                   help="with --fresh-seeds: the tasks to sample (default: all)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--readme", default=None, metavar="PAGE",
                    help="also rewrite the maps tables of this page (its '<!-- maps: begin -->' ... "
@@ -79,6 +93,8 @@ def default_out(args) -> Path:
     date = datetime.date.today().isoformat()
     if args.relations_only:
         return Path("outputs/eval") / f"relations-{date}"
+    if args.fresh_seeds is not None:
+        return Path("outputs/eval") / f"fresh-seeds-{date}"
     return Path("outputs/eval") / (date if args.control is None else f"control-{args.control}-{date}")
 
 
@@ -94,9 +110,14 @@ def check_args(args) -> None:
     except ValueError as e:
         raise UsageError(str(e)) from e
     check_out_dir(default_out(args) if args.out is None else args.out)
-    if args.relations_only and (args.control is not None or args.readme is not None):
-        raise UsageError("--relations-only measures relations alone; leave out "
-                         f"{'--control' if args.control is not None else '--readme'}")
+    for alone, flag in (("--relations-only", args.relations_only), ("--fresh-seeds", args.fresh_seeds is not None)):
+        if flag and (args.control is not None or args.readme is not None):
+            raise UsageError(f"{alone} is a measurement of its own; leave out "
+                             f"{'--control' if args.control is not None else '--readme'}")
+    if args.relations_only and args.fresh_seeds is not None:
+        raise UsageError("--relations-only and --fresh-seeds are two measurements; give one")
+    if args.fresh_seeds is not None and not 0 <= args.fresh_seeds <= MAX_SEED:
+        raise UsageError(f"--fresh-seeds must be a seed from 0 to {MAX_SEED}, got {args.fresh_seeds}")
     if args.readme is not None:
         try:
             check_readme(Path(args.readme))
@@ -158,7 +179,8 @@ def main(argv=None) -> int:
             return interrupted(e, "nothing was written")
         torch.manual_seed(0)
         try:
-            main_of = relations_main if args.relations_only else evaluation_main
+            main_of = (relations_main if args.relations_only else
+                       fresh_seeds_main if args.fresh_seeds is not None else evaluation_main)
             return (main_of if args.control is None else control_main)(pipe, args)
         except WRITE_ERRORS as e:
             return write_failed(e, "the report")
@@ -217,6 +239,27 @@ def relations_main(pipe, args) -> int:
                                                    report["relation_response_paired"].items()},
                       "layout_response": {k: v["response"] for k, v in report["layout_response"]["pairs"].items()}}))
     print(f"report: {out / 'report.json'}")
+    return 0
+
+
+def fresh_seeds_main(pipe, args) -> int:
+    """`--fresh-seeds BASE`: prompt following alone on other noise, as report.json and report.md."""
+    result = prompt_following_on_fresh_seeds(pipe, args.seeds, args.fresh_seeds, args.steps, args.guidance,
+                                             tuple(args.tasks), progress=not args.quiet)
+    report = {"model": str(args.model or "shipped"), "date": datetime.date.today().isoformat(),
+              "prompt_following": result}
+    lines = [f"# Prompt following of {report['model']} on fresh seeds ({report['date']})", "",
+             f"{args.seeds} images per prompt from seed {args.fresh_seeds}, {args.steps} DDIM steps, guidance "
+             f"{result['settings']['guidance']}.", "", "| task | accuracy | right / images |", "|---|---|---|"]
+    lines += [f"| {task} | {fmt(result[task])} | {right} / {n} |" for task, (right, n) in result["right_of"].items()]
+
+    def write_into(folder: Path) -> None:
+        (folder / "report.json").write_text(json.dumps(report, indent=1))
+        (folder / "report.md").write_text("\n".join(lines) + "\n")
+
+    out = publish_report(args, write_into)
+    print(json.dumps({task: result[task] for task in args.tasks}))
+    print(f"report: {out / 'report.md'}")
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from unet import checkpoint
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
+from crossattn.text import load_text_encoder, load_tokenizer
 from unet.data import SceneDataset
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import progress_bars
@@ -47,8 +48,8 @@ def parse_args(argv=None):
                    help="continue the run folder RUN in the new folder --out, with the changes given among "
                         "--position-embedding, --pooled-text, --self-attention-levels, --single-share, "
                         "--caption-dropout, --text-variant side-hints, --side-hint-gain, --timestep-sampling "
-                        "(with --layout-share, --layout-fraction, --logit-mean, --logit-std) "
-                        "(everything else as RUN has it); RUN is only read")
+                        "(with --layout-share, --layout-fraction, --logit-mean, --logit-std), --clip (the U-Net "
+                        "continues on that frozen text side) (everything else as RUN has it); RUN is only read")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for f in fields(TrainConfig):
         if f.name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from") or isinstance(f.default, tuple):
@@ -126,7 +127,29 @@ def training_config(args) -> TrainConfig:
         raise UsageError(f"--side-hint-gain {gain}: {why}")
     if int(step) >= cfg.steps:
         raise UsageError(f"--steps {cfg.steps}: {source} is at step {step} already; give --steps above it")
+    if args.clip is not None:
+        changes["clip"] = frozen_text_side(args.clip, cfg, source, variant)
     return dataclasses.replace(cfg, **changes, grown_from=f"{source}@{step}", resume=False)
+
+
+def frozen_text_side(clip: str, cfg: TrainConfig, source: Path, variant: str) -> str:
+    """--grow-from RUN --clip FOLDER: RUN's U-Net continues on FOLDER's text encoder, frozen (a CLIP trained by
+    scripts/train_clip.py, or any CLIP text encoder as wide as the U-Net's Keys expect). UsageError otherwise."""
+    if variant != "clip":
+        raise UsageError(f"--clip with --grow-from replaces {source}'s text side; --text-variant {variant} cannot "
+                         "run on a frozen CLIP")
+    if cfg.clip is not None and Path(clip).resolve() != Path(cfg.clip).resolve():
+        raise UsageError(f"{source} trained on the frozen CLIP {cfg.clip}; a second replacement is not supported")
+    try:
+        width = load_text_encoder(clip).config.hidden_size
+        load_tokenizer(clip)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--clip {clip}: {e}") from e
+    if width != cfg.text_width:
+        raise UsageError(f"--clip {clip} encodes text {width} wide; {source}'s U-Net reads Keys and Values from "
+                         f"{cfg.text_width}: give a CLIP of that width (scripts/train_clip.py --text-width "
+                         f"{cfg.text_width})")
+    return str(clip)
 
 
 def start_grown(cfg: TrainConfig, source: Path) -> TrainConfig:

@@ -153,49 +153,65 @@ def layout_response(pipe, draws: int = 32, seed: int = 0, steps: int = 25, data_
     return result
 
 
-@torch.no_grad()
-def key_separation(pipe) -> dict:
-    """Per cross-attention layer (its `attn2`): the mean and largest cosine between the Keys of a prompt's two
-    different colour words, and of its two different shape words, over the evaluation's prompts that have such
-    pairs; and the text encoder's largest |activation| before its final LayerNorm."""
-    pairs = {"color": [], "shape": []}
-    prompts = []
+def word_pairs(tokenizer) -> tuple[list[str], dict[str, list[tuple[int, int, int, str]]]]:
+    """The evaluation's two-object prompts, and per kind ("color", "shape") the pairs of different words in them:
+    (prompt index, token position of the first word, of the second, "blue/red")."""
+    prompts, pairs = [], {"color": [], "shape": []}
     for p in eval_prompts():
-        colours = [c for c, _ in p.objects]
-        shapes = [s for _, s in p.objects]
-        if len(p.objects) == 2:
-            prompts.append(p.prompt)
-            words = p.prompt.split()
-            for kind, names in (("color", colours), ("shape", shapes)):
-                if None not in names and names[0] != names[1]:
-                    pairs[kind].append((len(prompts) - 1, words.index(names[0]),
-                                        len(words) - 1 - words[::-1].index(names[1])))
-    ids = pipe.tokenizer(prompts, padding="max_length", max_length=pipe.tokenizer.model_max_length,
-                         truncation=True, return_tensors="pt").input_ids.to(pipe.device)
-    context = pipe.text_encoder(ids).last_hidden_state  # (P, T, D)
-    tokens = [{w.index: w.tokens[0] for w in prompt_words(pipe.tokenizer, p) if w.tokens} for p in prompts]
-    layers = {}
-    for name, module in pipe.unet.named_modules():
-        if not name.endswith("attn2"):
+        if len(p.objects) != 2:
             continue
-        keys = module.to_k(context)  # (P, T, heads * head_dim)
-        entry = {}
-        for kind, found in pairs.items():
-            by_pair = {}  # "red/blue": the cosines of that word pair, over the prompts that hold it
-            for p, i, j in found:
-                if i in tokens[p] and j in tokens[p]:
-                    words = prompts[p].split()
-                    by_pair.setdefault("/".join(sorted((words[i], words[j]))), []).append(
-                        float(torch.cosine_similarity(keys[p, tokens[p][i]], keys[p, tokens[p][j]], dim=0)))
-            cosines = [c for cs in by_pair.values() for c in cs]
-            entry[kind] = {"mean": float(np.mean(cosines)) if cosines else None,
-                           "max": float(np.max(cosines)) if cosines else None, "pairs": len(cosines),
-                           "by_pair": {k: float(np.mean(v)) for k, v in sorted(by_pair.items())}}
-        layers[name] = entry
-    result = {"layers": layers, "largest_activation": None}
+        prompts.append(p.prompt)
+        words = p.prompt.split()
+        tokens = {w.index: w.tokens[0] for w in prompt_words(tokenizer, p.prompt) if w.tokens}
+        for kind, names in (("color", [c for c, _ in p.objects]), ("shape", [s for _, s in p.objects])):
+            if None in names or names[0] == names[1]:
+                continue
+            i, j = words.index(names[0]), len(words) - 1 - words[::-1].index(names[1])
+            if i in tokens and j in tokens:
+                pairs[kind].append((len(prompts) - 1, tokens[i], tokens[j], "/".join(sorted(names))))
+    return prompts, pairs
+
+
+def separation(vectors: torch.Tensor, pairs: dict) -> dict:
+    """Per kind of `word_pairs`: the mean and largest cosine between the two words' vectors in `vectors`
+    (P, T, D), the number of pairs, and the mean per word pair."""
+    entry = {}
+    for kind, found in pairs.items():
+        by_pair = {}
+        for p, i, j, name in found:
+            by_pair.setdefault(name, []).append(float(torch.cosine_similarity(vectors[p, i], vectors[p, j], dim=0)))
+        cosines = [c for cs in by_pair.values() for c in cs]
+        entry[kind] = {"mean": float(np.mean(cosines)) if cosines else None,
+                       "max": float(np.max(cosines)) if cosines else None, "pairs": len(cosines),
+                       "by_pair": {k: float(np.mean(v)) for k, v in sorted(by_pair.items())}}
+    return entry
+
+
+@torch.no_grad()
+def text_separation(tokenizer, text_encoder) -> dict:
+    """How far apart the text encoder keeps different colour words, and different shape words, in its output
+    (`separation` of its last hidden state, what every cross-attention layer projects to Keys), and its largest
+    |activation| after any encoder layer, which a LayerNorm turns into one shared direction."""
+    prompts, pairs = word_pairs(tokenizer)
+    ids = tokenizer(prompts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+                    return_tensors="pt").input_ids.to(text_encoder.device)
+    result = {"text_output": separation(text_encoder(ids).last_hidden_state, pairs), "largest_activation": None}
     try:
-        hidden = pipe.text_encoder(ids, output_hidden_states=True).hidden_states[1:]  # after each encoder layer
+        hidden = text_encoder(ids, output_hidden_states=True).hidden_states[1:]  # after each encoder layer
         result["largest_activation"] = float(max(h.abs().max() for h in hidden))
     except (TypeError, AttributeError):  # an ablation text side without hidden states
         pass
     return result
+
+
+@torch.no_grad()
+def key_separation(pipe) -> dict:
+    """Per cross-attention layer (its `attn2`): `separation` of the Keys of a prompt's two different colour words,
+    and of its two different shape words, over the evaluation's two-object prompts; and `text_separation`."""
+    prompts, pairs = word_pairs(pipe.tokenizer)
+    ids = pipe.tokenizer(prompts, padding="max_length", max_length=pipe.tokenizer.model_max_length,
+                         truncation=True, return_tensors="pt").input_ids.to(pipe.device)
+    context = pipe.text_encoder(ids).last_hidden_state  # (P, T, D)
+    layers = {name: separation(module.to_k(context), pairs)  # to_k: (P, T, heads * head_dim)
+              for name, module in pipe.unet.named_modules() if name.endswith("attn2")}
+    return {"layers": layers, **text_separation(pipe.tokenizer, pipe.text_encoder)}

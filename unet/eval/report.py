@@ -158,6 +158,10 @@ def layout_markdown(report: dict) -> list[str]:
                   "| layer | colour words, mean / max | shape words, mean / max |", "|---|---|---|"]
         lines += [f"| {name} | {fmt(v['color']['mean'], 2)} / {fmt(v['color']['max'], 2)} | "
                   f"{fmt(v['shape']['mean'], 2)} / {fmt(v['shape']['max'], 2)} |" for name, v in keys["layers"].items()]
+        if keys.get("text_output"):  # what every layer projects: words merged here cannot be told apart anywhere
+            v = keys["text_output"]
+            lines += [f"| text encoder output (before the Keys) | {fmt(v['color']['mean'], 2)} / "
+                      f"{fmt(v['color']['max'], 2)} | {fmt(v['shape']['mean'], 2)} / {fmt(v['shape']['max'], 2)} |"]
         if keys.get("largest_activation") is not None:
             lines += ["", f"The text encoder's largest |activation| before its final LayerNorm: "
                           f"{keys['largest_activation']:.1f}."]

@@ -1,0 +1,163 @@
+"""The scene CLIP (unet/scene_clip.py, scripts/train_clip.py) and a U-Net grown onto it, frozen (train.py
+--grow-from RUN --clip FOLDER)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from crossattn.text import load_text_encoder, load_tokenizer
+from unet.cli import train as train_script
+from unet.cli import train_clip
+from unet.scene_clip import SceneClipConfig, caption_targets, contrastive_loss, hard_negatives, new_scene_clip
+from unet.train import Trainer, run_pipeline
+
+TINY_CLIP = ["--steps", "3", "--batch-size", "4", "--text-width", "16", "--vision-width", "16", "--text-layers", "1",
+             "--vision-layers", "1", "--heads", "2", "--size", "16", "--max-length", "16", "--eval-scenes", "8",
+             "--warmup", "1", "--quiet"]
+TINY_TRAIN = ["--size", "16", "--channels", "8", "16", "16", "--text-width", "16", "--text-layers", "1", "--heads", "2",
+              "--max-length", "16", "--batch-size", "4", "--warmup", "1", "--sample-every", "1000",
+              "--checkpoint-every", "1000", "--quiet"]
+
+
+def test_hard_negatives_change_one_thing():
+    rng = np.random.default_rng(0)
+    found = hard_negatives("a red circle left of a blue square", rng)
+    assert found == {"relation": "a red circle right of a blue square",
+                     "colours": "a blue circle left of a red square",
+                     "shapes": "a red square left of a blue circle"}
+    one = hard_negatives("a green triangle on the top", rng)
+    assert one["relation"] == "a green triangle on the bottom"
+    colour, shape = one["colours"].split()[1], one["shapes"].split()[2]
+    assert colour != "green" and one["colours"] == f"a {colour} triangle on the top"
+    assert shape != "triangle" and one["shapes"] == f"a green {shape} on the top"
+    assert hard_negatives("a circle and a circle", rng) == {}  # nothing to swap: no negative is made up
+    assert hard_negatives("a square above a square", rng) == {"relation": "a square below a square"}
+
+
+def test_a_caption_repeated_in_the_batch_is_not_its_own_negative():
+    """A hard negative of one image can be another image's caption: it is a positive for that image only."""
+    captions = ["a red circle", "a blue circle", "a red circle"]
+    texts = captions + ["a blue circle", "a red circle"]  # the colour swaps of the first two
+    third = [1 / 3, 0, 1 / 3, 0, 1 / 3]
+    assert torch.allclose(caption_targets(captions, texts), torch.tensor([third, [0, 0.5, 0, 0.5, 0], third]))
+
+
+def test_the_loss_trains_both_towers_and_prefers_the_right_caption():
+    from crossattn.text import save_vocabulary
+    from unet.data import SCENE_WORDS, SceneSampler, scenes_to_tensor, to_model_range
+    tokenizer = save_vocabulary(SCENE_WORDS, "/tmp/test-scene-clip-tok", 16)
+    cfg = SceneClipConfig(text_width=16, vision_width=16, text_layers=1, vision_layers=1, heads=2, size=16,
+                          max_length=16, batch_size=2)
+    model = new_scene_clip(tokenizer, cfg)
+    sampler = SceneSampler(0, 16, 16)
+    scenes = [sampler.single("red", "circle"), sampler.single("blue", "square")]
+    images = to_model_range(scenes_to_tensor(scenes))
+    right = contrastive_loss(model, tokenizer, images, ["a red circle", "a blue square"], [{}, {}])
+    right.backward()
+    assert model.text_model.embeddings.token_embedding.weight.grad.abs().sum() > 0
+    assert model.vision_model.embeddings.patch_embedding.weight.grad.abs().sum() > 0
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(30):  # a few steps on one batch: its own captions become the likelier ones
+        optimizer.zero_grad()
+        contrastive_loss(model, tokenizer, images, ["a red circle", "a blue square"], [{}, {}]).backward()
+        optimizer.step()
+    with torch.no_grad():
+        trained = contrastive_loss(model, tokenizer, images, ["a red circle", "a blue square"], [{}, {}])
+        swapped = contrastive_loss(model, tokenizer, images, ["a blue square", "a red circle"], [{}, {}])
+    assert trained < right.detach() and trained < swapped
+
+
+@pytest.fixture(scope="module")
+def scene_clip(tmp_path_factory):
+    out = tmp_path_factory.mktemp("clip") / "scene-clip"
+    assert train_clip.main(["--out", str(out), *TINY_CLIP]) == 0
+    return out
+
+
+def test_train_clip_writes_a_frozen_text_side_and_its_report(scene_clip, capsys):
+    report = json.loads((scene_clip / "report.json").read_text())
+    assert report["steps_done"] == 3
+    for split in ("hard_negatives", "hard_negatives_train_split"):
+        for kind in ("relation", "colours", "shapes"):
+            assert 0 <= report[split][kind]["accuracy"] <= 1 and report[split][kind]["scenes"] > 0
+    assert report["text_separation"]["text_output"]["color"]["pairs"] > 0
+    text = load_text_encoder(scene_clip / "text")
+    assert text.config.hidden_size == 16 and load_tokenizer(scene_clip / "text").model_max_length == 16
+    assert (scene_clip / "clip" / "config.json").is_file() and (scene_clip / "loss.csv").read_text().count("\n") == 4
+
+
+def test_train_clip_refuses_what_it_would_overwrite_or_cannot_train(scene_clip, tmp_path, capsys):
+    before = {p: p.stat().st_mtime_ns for p in scene_clip.rglob("*")}
+    assert train_clip.main(["--out", str(scene_clip), *TINY_CLIP]) == 2
+    assert "already holds a result; pass --overwrite" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in scene_clip.rglob("*")} == before
+    assert train_clip.main(["--out", str(tmp_path / "x"), *TINY_CLIP, "--batch-size", "1"]) == 2
+    assert "batch_size must be >= 2" in capsys.readouterr().err
+    assert train_clip.main(["--out", str(tmp_path / "y"), *TINY_CLIP, "--patch-size", "5"]) == 2
+    assert "not a multiple of patch_size" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("source") / "run"
+    assert train_script.main(["--out", str(run), *TINY_TRAIN, "--steps", "3"]) == 0
+    return run
+
+
+def test_a_run_grown_onto_a_frozen_clip_keeps_its_unet_and_never_trains_the_text(source_run, scene_clip, tmp_path,
+                                                                                   capsys):
+    grown = tmp_path / "grown"
+    clip = scene_clip / "text"
+    assert train_script.main(["--out", str(grown), "--grow-from", str(source_run), "--clip", str(clip),
+                              "--steps", "3", "--quiet"]) == 2  # the source is at step 3 already
+    capsys.readouterr()
+    frozen = load_text_encoder(clip).state_dict()
+    from unet import checkpoint
+    source, _ = checkpoint.load(source_run / "checkpoint.safetensors")
+    assert train_script.main(["--out", str(grown), "--grow-from", str(source_run), "--clip", str(clip),
+                              "--steps", "5", "--quiet"]) == 0
+    assert "optimizer moments start afresh" in capsys.readouterr().out
+    cfg = json.loads((grown / "train_config.json").read_text())
+    assert cfg["clip"] == str(clip) and cfg["grown_from"] == f"{source_run}@3"
+    saved, metadata = checkpoint.load(grown / "checkpoint.safetensors")
+    assert metadata["step"] == "5"
+    for prefix in ("text", "ema_text"):  # frozen: the CLIP's own weights, exactly, after training
+        assert all(torch.equal(saved[f"{prefix}.{k}"], v) for k, v in frozen.items())
+    assert not torch.equal(saved["text.embeddings.token_embedding.weight"],
+                           source["text.embeddings.token_embedding.weight"])
+    from unet.pipeline import load_pipeline
+    pipe = load_pipeline(grown / "pipeline", show_progress=False)
+    assert all(torch.equal(pipe.text_encoder.state_dict()[k], v) for k, v in frozen.items())
+    # resuming it is exact: the moments it saved are for its own parameters
+    trainer = Trainer(__import__("dataclasses").replace(train_script.training_config(
+        train_script.parse_args(["--out", str(grown), "--resume", "--steps", "6"])), resume=True))
+    assert trainer.step == 5 and trainer.optimizer.state
+
+
+def test_a_just_grown_folder_evaluates_on_the_frozen_clip_and_the_sources_unet(source_run, scene_clip, tmp_path):
+    """Until its first save the folder holds its source's checkpoint, text weights included: the frozen CLIP's
+    weights are what it must use, and the source's EMA U-Net."""
+    grown = tmp_path / "grown"
+    cfg = train_script.training_config(train_script.parse_args(
+        ["--out", str(grown), "--grow-from", str(source_run), "--clip", str(scene_clip / "text"), "--steps", "9"]))
+    train_script.start_grown(cfg, source_run)
+    pipe = run_pipeline(grown)
+    frozen = load_text_encoder(scene_clip / "text").state_dict()
+    assert all(torch.equal(pipe.text_encoder.state_dict()[k], v) for k, v in frozen.items())
+    source = run_pipeline(source_run)
+    assert all(torch.equal(v, source.unet.state_dict()[k]) for k, v in pipe.unet.state_dict().items())
+
+
+def test_growing_onto_a_clip_of_another_width_is_refused(source_run, tmp_path, capsys):
+    wide = tmp_path / "wide"
+    assert train_clip.main(["--out", str(wide), *TINY_CLIP, "--text-width", "32", "--steps", "1"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "grown"
+    assert train_script.main(["--out", str(out), "--grow-from", str(source_run), "--clip", str(wide / "text"),
+                              "--steps", "5", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "encodes text 32 wide" in err and "--text-width 16" in err
+    assert not out.exists()
