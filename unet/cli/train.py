@@ -21,9 +21,9 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from crossattn.text import load_text_encoder, load_tokenizer
 from unet import checkpoint
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
-from crossattn.text import load_text_encoder, load_tokenizer
 from unet.data import SceneDataset
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import progress_bars

@@ -30,8 +30,8 @@ from unet.cli import UsageError, check_out_dir, interrupted, partial_folder, pub
 from unet.data import SCENE_WORDS
 from unet.eval.layout import text_separation
 from unet.folders import WRITE_ERRORS, write_failed
-from unet.signals import Interrupted
 from unet.scene_clip import SceneClipConfig, hard_negative_accuracy, train_scene_clip
+from unet.signals import Interrupted
 
 
 def parse_args(argv=None):
@@ -83,9 +83,9 @@ def main(argv=None) -> int:
         except KeyboardInterrupt as e:
             return interrupted(e, "nothing was written (no step had finished)")
     accuracy = report["hard_negatives"]
+    colours = report["text_separation"]["text_output"]["color"]["mean"]
     print(json.dumps({k: v["accuracy"] for k, v in accuracy.items() if isinstance(v, dict)}
-                     | {"retrieval_top1": accuracy["retrieval_top1"],
-                        "colour words, cosine at the text output": report["text_separation"]["text_output"]["color"]["mean"]}))
+                     | {"retrieval_top1": accuracy["retrieval_top1"], "colour words, text output cosine": colours}))
     print(f"done: {final} ({steps} steps); use it with: python scripts/train.py --clip {final / 'text'} ...")
     if stopped_by is not None:
         return interrupted(Interrupted(stopped_by), f"stopped after step {steps}; the model so far is in {final}")
