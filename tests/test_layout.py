@@ -101,3 +101,26 @@ def test_training_logs_layout_without_touching_its_random_streams(tmp_path):
     trim_log(tmp_path / "logged" / "layout.jsonl", 2)
     kept = [json.loads(line)["step"] for line in (tmp_path / "logged" / "layout.jsonl").read_text().splitlines()]
     assert kept == [2]
+
+
+def test_word_merging_traces_two_words_through_the_encoder_to_its_output(tiny_pipeline):
+    """scripts/diagnose.py words: one cosine per hidden state (embeddings, then each layer), and with nothing zeroed
+    the output's cosine is the encoder's own output at the two words."""
+    from crossattn.text import prompt_words
+    from unet.research.diagnose import WORD_PROMPTS, word_merging
+    result = word_merging(tiny_pipeline)
+    assert len(result) == len(WORD_PROMPTS)
+    layers = tiny_pipeline.text_encoder.config.num_hidden_layers
+    prompt, first, second = WORD_PROMPTS[0]
+    entry = result[f"{prompt}: {first}/{second}"]
+    assert len(entry["cosine_per_layer"]) == layers + 1
+    words = prompt_words(tiny_pipeline.tokenizer, prompt)
+    i, j = (next(w.tokens[0] for w in words if w.text == name) for name in (first, second))
+    ids = tiny_pipeline.tokenizer([prompt], padding="max_length", max_length=tiny_pipeline.tokenizer.model_max_length,
+                                  return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = tiny_pipeline.text_encoder(ids).last_hidden_state[0]
+    assert entry["cosine_at_output"]["largest 0 dims zeroed"] == pytest.approx(
+        float(torch.cosine_similarity(out[i], out[j], dim=0)), abs=1e-5)
+    assert entry["cosine_at_output"]["largest 3 dims zeroed"] != entry["cosine_at_output"]["largest 0 dims zeroed"]
+    assert set(entry["largest_activation_per_token"]) >= {"red@1", "blue@6"}

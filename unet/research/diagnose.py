@@ -3,6 +3,7 @@
     python scripts/diagnose.py first-step --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py grain --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py unconditional --model PATH --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py words --model PATH --out outputs/examples/diagnosis/NAME
 
 first-step: for single-object colour prompts, samples the same seeds twice: with trailing DDIM, whose first step is
 t = T (for an epsilon model at ~zero SNR, the x0 estimate there is noise amplified by 1/sqrt(alpha_bar)),
@@ -10,6 +11,10 @@ and with the first step moved to t = 0.96 T (DDIM's "leading" spacing). Reports 
 x0 estimate, how much of it is clipped, colour accuracy, and which colours the detector found.
 unconditional: which colours the detector finds in images sampled from the empty prompt, and the hue
 of the palette's mean colour (where an undecided colour averages to).
+words: where the text encoder merges two colour words of one prompt ("red" and "blue" in "a red circle left of
+a blue square", and the other pairs of `WORD_PROMPTS`): their cosine after the embeddings and after each encoder
+layer, the largest |activation| per token, and the cosine at the output when the largest dimensions are zeroed
+before the final LayerNorm (does one massive dimension cause the merge, or the whole vector?).
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -103,9 +108,43 @@ def grain_runs(pipe, prompts, colours, seeds: int) -> dict:
     return out
 
 
+WORD_PROMPTS = (("a red circle left of a blue square", "red", "blue"),
+                ("a green triangle above a yellow circle", "green", "yellow"),
+                ("a red square and a green triangle", "red", "green"),
+                ("a blue circle below a green square", "blue", "green"))
+
+
+@torch.no_grad()
+def word_merging(pipe, zeroed=(0, 1, 2, 3)) -> dict:
+    """Per prompt of `WORD_PROMPTS`: the two words' cosine per layer and at the output with the largest
+    dimensions zeroed before the final LayerNorm; the largest |activation| of each token after the last layer."""
+    from crossattn.text import prompt_words
+    encoder, result = pipe.text_encoder, {}
+    for prompt, first, second in WORD_PROMPTS:
+        words = prompt_words(pipe.tokenizer, prompt)
+        i, j = (next(w.tokens[0] for w in words if w.text == name) for name in (first, second))
+        ids = pipe.tokenizer([prompt], padding="max_length", max_length=pipe.tokenizer.model_max_length,
+                             truncation=True, return_tensors="pt").input_ids.to(pipe.device)
+        hidden = encoder(ids, output_hidden_states=True).hidden_states  # embeddings, then after each layer
+        last = hidden[-1][0]  # (T, D) before the final LayerNorm
+        largest = last.abs().max(dim=0).values.argsort(descending=True)
+        at_output = {}
+        for k in zeroed:
+            kept = last.clone()
+            kept[:, largest[:k]] = 0
+            out = encoder.final_layer_norm(kept)
+            at_output[f"largest {k} dims zeroed"] = float(torch.cosine_similarity(out[i], out[j], dim=0))
+        result[f"{prompt}: {first}/{second}"] = {
+            "cosine_per_layer": [float(torch.cosine_similarity(h[0, i], h[0, j], dim=0)) for h in hidden],
+            "cosine_at_output": at_output,
+            "largest_activation_per_token": {w.text + f"@{w.index}": float(last[w.tokens[0]].abs().max())
+                                             for w in words if w.tokens}}
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["first-step", "grain", "unconditional"])
+    p.add_argument("what", choices=["first-step", "grain", "unconditional", "words"])
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", required=True, help="folder for <what>.json")
     p.add_argument("--seeds", type=int, default=4)
@@ -124,6 +163,8 @@ def main(argv=None) -> int:
                                                               else args.guidance),
                       trailing=colour_run(pipe, prompts, colours, args.seeds, "trailing"),
                       leading=colour_run(pipe, prompts, colours, args.seeds, "leading"))
+    elif args.what == "words":
+        result["words"] = word_merging(pipe)
     elif args.what == "grain":
         result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
     else:
