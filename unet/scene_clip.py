@@ -73,11 +73,10 @@ def hard_negatives(caption: str, rng: np.random.Generator) -> dict[str, str]:
     """Captions of other scenes that differ from `caption` in one thing, by kind (`NEGATIVE_KINDS`): the opposite
     position word; the two colours swapped (one object: another colour); the two shapes swapped (one object:
     another shape). A kind with no such caption is left out ("a circle and a circle" has none)."""
-    words = caption.split()
-    found = {}
-    padded = f" {caption} "
+    words, found = caption.split(), {}
+    padded = f" {caption} "  # whole words only: " left of " is not in "a circle on the left"
     for word, opposite in OPPOSITES.items():
-        if f" {word} " in padded or padded.endswith(f" {word} "):
+        if f" {word} " in padded:
             found["relation"] = padded.replace(f" {word} ", f" {opposite} ", 1).strip()
             break
     for kind, names in (("colours", list(COLORS)), ("shapes", list(SHAPES))):
