@@ -319,7 +319,9 @@ def test_fresh_seeds_score_prompt_following_alone_on_noise_the_report_never_uses
     assert "two measurements; give one" in capsys.readouterr().err
     assert evaluate_script.main(["--model", str(trained_run), "--fresh-seeds", "-1", "--out", str(tmp_path / "d")]) == 2
     assert "--fresh-seeds must be a seed from 0" in capsys.readouterr().err
-    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+    assert evaluate_script.main(["--model", str(trained_run), "--tasks", "position", "--out", str(tmp_path / "e")]) == 2
+    assert "--tasks chooses what --fresh-seeds samples" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in "cde")
 
 
 def test_a_folder_just_grown_evaluates_before_its_first_save(trained_run, tmp_path):

@@ -116,6 +116,8 @@ def check_args(args) -> None:
                              f"{'--control' if args.control is not None else '--readme'}")
     if args.relations_only and args.fresh_seeds is not None:
         raise UsageError("--relations-only and --fresh-seeds are two measurements; give one")
+    if args.tasks != list(TASKS) and args.fresh_seeds is None:
+        raise UsageError("--tasks chooses what --fresh-seeds samples; a full evaluation runs every task")
     if args.fresh_seeds is not None and not 0 <= args.fresh_seeds <= MAX_SEED:
         raise UsageError(f"--fresh-seeds must be a seed from 0 to {MAX_SEED}, got {args.fresh_seeds}")
     if args.readme is not None:
