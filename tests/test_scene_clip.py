@@ -1,6 +1,7 @@
 """The scene CLIP (unet/scene_clip.py, scripts/train_clip.py) and a U-Net grown onto it, frozen (train.py
 --grow-from RUN --clip FOLDER)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -132,7 +133,7 @@ def test_a_run_grown_onto_a_frozen_clip_keeps_its_unet_and_never_trains_the_text
     pipe = load_pipeline(grown / "pipeline", show_progress=False)
     assert all(torch.equal(pipe.text_encoder.state_dict()[k], v) for k, v in frozen.items())
     # resuming it is exact: the moments it saved are for its own parameters
-    trainer = Trainer(__import__("dataclasses").replace(train_script.training_config(
+    trainer = Trainer(dataclasses.replace(train_script.training_config(
         train_script.parse_args(["--out", str(grown), "--resume", "--steps", "6"])), resume=True))
     assert trainer.step == 5 and trainer.optimizer.state
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from crossattn.text import save_vocabulary
 from unet.cli import UsageError, check_out_dir, interrupted, partial_folder, publish, sigterm_as_interrupt, usage_error
 from unet.data import SCENE_WORDS
-from unet.eval.layout import text_separation
+from unet.eval.layout import encode_pairs, text_separation
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.scene_clip import SceneClipConfig, hard_negative_accuracy, train_scene_clip
 from unet.signals import Interrupted
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                 report = {"steps_done": steps, "config": dataclasses.asdict(cfg),
                           "hard_negatives": hard_negative_accuracy(model, tokenizer, cfg),
                           "hard_negatives_train_split": hard_negative_accuracy(model, tokenizer, cfg, split="train"),
-                          "text_separation": text_separation(tokenizer, model.text_model)}
+                          "text_separation": text_separation(*encode_pairs(tokenizer, model.text_model))}
                 model.save_pretrained(tmp / "clip")
                 model.text_model.save_pretrained(tmp / "text")
                 for name in ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"):

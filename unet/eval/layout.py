@@ -188,30 +188,32 @@ def separation(vectors: torch.Tensor, pairs: dict) -> dict:
 
 
 @torch.no_grad()
-def text_separation(tokenizer, text_encoder) -> dict:
-    """How far apart the text encoder keeps different colour words, and different shape words, in its output
-    (`separation` of its last hidden state, what every cross-attention layer projects to Keys), and its largest
-    |activation| after any encoder layer, which a LayerNorm turns into one shared direction."""
+def encode_pairs(tokenizer, text_encoder) -> tuple[dict, torch.Tensor, list | None]:
+    """`word_pairs`' prompts through the text encoder once: the pairs, its output (P, T, D), and its hidden states
+    after each encoder layer (None for an ablation text side that has none)."""
     prompts, pairs = word_pairs(tokenizer)
     ids = tokenizer(prompts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
                     return_tensors="pt").input_ids.to(text_encoder.device)
-    result = {"text_output": separation(text_encoder(ids).last_hidden_state, pairs), "largest_activation": None}
     try:
-        hidden = text_encoder(ids, output_hidden_states=True).hidden_states[1:]  # after each encoder layer
-        result["largest_activation"] = float(max(h.abs().max() for h in hidden))
+        out = text_encoder(ids, output_hidden_states=True)
+        return pairs, out.last_hidden_state, list(out.hidden_states[1:])
     except (TypeError, AttributeError):  # an ablation text side without hidden states
-        pass
-    return result
+        return pairs, text_encoder(ids).last_hidden_state, None
+
+
+def text_separation(pairs: dict, output: torch.Tensor, hidden: list | None) -> dict:
+    """How far apart the text encoder keeps different colour words, and different shape words, in its `output`
+    (`separation` of its last hidden state, what every cross-attention layer projects to Keys), and its largest
+    |activation| after any encoder layer, which a LayerNorm turns into one shared direction (`encode_pairs`)."""
+    return {"text_output": separation(output, pairs),
+            "largest_activation": None if hidden is None else float(max(h.abs().max() for h in hidden))}
 
 
 @torch.no_grad()
 def key_separation(pipe) -> dict:
     """Per cross-attention layer (its `attn2`): `separation` of the Keys of a prompt's two different colour words,
     and of its two different shape words, over the evaluation's two-object prompts; and `text_separation`."""
-    prompts, pairs = word_pairs(pipe.tokenizer)
-    ids = pipe.tokenizer(prompts, padding="max_length", max_length=pipe.tokenizer.model_max_length,
-                         truncation=True, return_tensors="pt").input_ids.to(pipe.device)
-    context = pipe.text_encoder(ids).last_hidden_state  # (P, T, D)
+    pairs, context, hidden = encode_pairs(pipe.tokenizer, pipe.text_encoder)  # context: (P, T, D)
     layers = {name: separation(module.to_k(context), pairs)  # to_k: (P, T, heads * head_dim)
               for name, module in pipe.unet.named_modules() if name.endswith("attn2")}
-    return {"layers": layers, **text_separation(pipe.tokenizer, pipe.text_encoder)}
+    return {"layers": layers, **text_separation(pairs, context, hidden)}
