@@ -11,7 +11,15 @@ import torch
 from crossattn.text import load_text_encoder, load_tokenizer
 from unet.cli import train as train_script
 from unet.cli import train_clip
-from unet.scene_clip import SceneClipConfig, caption_targets, contrastive_loss, hard_negatives, new_scene_clip
+from unet.scene_clip import (
+    SceneClipConfig,
+    caption_targets,
+    contrastive_loss,
+    hard_negatives,
+    new_scene_clip,
+    word_and_patch_features,
+    word_to_patch_scores,
+)
 from unet.train import Trainer, run_pipeline
 
 TINY_CLIP = ["--steps", "3", "--batch-size", "4", "--text-width", "16", "--vision-width", "16", "--text-layers", "1",
@@ -45,16 +53,22 @@ def test_a_caption_repeated_in_the_batch_is_not_its_own_negative():
     assert torch.allclose(caption_targets(captions, texts), torch.tensor([third, [0, 0.5, 0, 0.5, 0], third]))
 
 
-def test_the_loss_trains_both_towers_and_prefers_the_right_caption():
+@pytest.fixture
+def tiny_clip(tmp_path):
+    """A tiny untrained scene CLIP, its tokenizer, and images of a red circle and a blue square."""
     from crossattn.text import save_vocabulary
     from unet.data import SCENE_WORDS, SceneSampler, scenes_to_tensor, to_model_range
-    tokenizer = save_vocabulary(SCENE_WORDS, "/tmp/test-scene-clip-tok", 16)
+    tokenizer = save_vocabulary(SCENE_WORDS, tmp_path / "tokenizer", 16)
     cfg = SceneClipConfig(text_width=16, vision_width=16, text_layers=1, vision_layers=1, heads=2, size=16,
                           max_length=16, batch_size=2)
-    model = new_scene_clip(tokenizer, cfg)
+    torch.manual_seed(0)
     sampler = SceneSampler(0, 16, 16)
     scenes = [sampler.single("red", "circle"), sampler.single("blue", "square")]
-    images = to_model_range(scenes_to_tensor(scenes))
+    return new_scene_clip(tokenizer, cfg), tokenizer, to_model_range(scenes_to_tensor(scenes))
+
+
+def test_the_loss_trains_both_towers_and_prefers_the_right_caption(tiny_clip):
+    model, tokenizer, images = tiny_clip
     right = contrastive_loss(model, tokenizer, images, ["a red circle", "a blue square"], [{}, {}])
     right.backward()
     assert model.text_model.embeddings.token_embedding.weight.grad.abs().sum() > 0
@@ -68,6 +82,39 @@ def test_the_loss_trains_both_towers_and_prefers_the_right_caption():
         trained = contrastive_loss(model, tokenizer, images, ["a red circle", "a blue square"], [{}, {}])
         swapped = contrastive_loss(model, tokenizer, images, ["a blue square", "a red circle"], [{}, {}])
     assert trained < right.detach() and trained < swapped
+
+
+def test_word_to_patch_scores_average_each_words_best_patch_over_the_words_only():
+    axes = torch.eye(4)
+    patches = axes[None, :3]  # (1 image, 3 patches, D = 4): along axes 0, 1 and 2
+    tokens = torch.stack([axes[[0, 1, 3]], axes[[0, 3, 3]]])  # (2 texts, 3 tokens, 4)
+    words = torch.tensor([[True, True, False], [True, True, True]])
+    # text 0: both words have a patch of their own, and its third token is not a word; text 1: one word of three
+    assert torch.allclose(word_to_patch_scores(tokens, words, patches), torch.tensor([[1.0, 1 / 3]]))
+
+
+def test_the_word_loss_reaches_the_words_own_states_which_the_end_token_loss_never_does(tiny_clip):
+    """The Keys read every token's output state. The end token's loss leaves the others' untouched (the last layer's
+    other outputs feed nothing it reads); `token_loss` trains them."""
+    model, tokenizer, images = tiny_clip
+    tokens, words, patches = word_and_patch_features(model, tokenizer, ["a red circle", "a circle"], images)
+    assert words.sum(1).tolist() == [3, 2]  # the words; not the start, end or padding tokens
+    assert patches.shape == (2, (16 // 4) ** 2, 16) and tokens.shape[:2] == words.shape \
+        and torch.allclose(tokens.norm(dim=-1), torch.ones(words.shape))
+    states, grads = [], {}
+
+    def keep(module, inputs, output):  # the text output, every call: the captions, then the word features
+        output.retain_grad()
+        states.append(output)
+
+    hook = model.text_model.final_layer_norm.register_forward_hook(keep)
+    for weight in (0.0, 1.0):
+        model.zero_grad()
+        states.clear()
+        contrastive_loss(model, tokenizer, images, ["a red circle", "a blue square"], [{}, {}], weight).backward()
+        grads[weight] = sum(s.grad[:, 1:3].abs().sum() for s in states)  # at "a" and "red" / "blue"
+    hook.remove()
+    assert grads[0.0] == 0 and grads[1.0] > 0
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +145,9 @@ def test_train_clip_refuses_what_it_would_overwrite_or_cannot_train(scene_clip, 
     assert "batch_size must be >= 2" in capsys.readouterr().err
     assert train_clip.main(["--out", str(tmp_path / "y"), *TINY_CLIP, "--patch-size", "5"]) == 2
     assert "not a multiple of patch_size" in capsys.readouterr().err
-    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    assert train_clip.main(["--out", str(tmp_path / "z"), *TINY_CLIP, "--token-loss", "-1"]) == 2
+    assert "token_loss must be >= 0" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in "xyz")
 
 
 @pytest.fixture(scope="module")

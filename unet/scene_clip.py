@@ -8,6 +8,11 @@ apart: it must tell "a red circle left of a blue square" from "a blue circle lef
 same image. So each image is scored against its caption, the batch's other captions, and hard negatives that
 swap its colours, its shapes or its relation (NegCLIP; the "What'sUp" benchmark's relation swaps).
 
+That loss reads only the end token. The cross-attention reads every token, so `token_loss` adds a second score
+that reads them all (FILIP, Yao et al. 2021): each word's state is matched to its best image patch, and a
+caption's score is the mean over its words. To score "a red circle" high and "a green circle" low on a red
+circle, "red" must point at red patches and "green" must not: the words' own states must differ.
+
 The model is transformers' `CLIPModel`: our tokenizer and a `CLIPTextModel` the size of the U-Net's text side,
 and a small vision tower on the 32-px scenes. `train.py --clip OUT/text` then trains a U-Net on the frozen
 text encoder.
@@ -52,6 +57,7 @@ class SceneClipConfig:
     max_length: int = 32
     seed: int = 0
     eval_scenes: int = 512
+    token_loss: float = 0.0  # weight of the word-to-patch score's loss beside the end token's (0: end token only)
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "size", "patch_size", "text_width", "text_layers", "vision_width",
@@ -67,6 +73,8 @@ class SceneClipConfig:
                 raise ValueError(f"{name} {width} is not a multiple of heads {self.heads}")
         if not self.lr > 0 or self.weight_decay < 0 or self.warmup < 0:
             raise ValueError("lr must be > 0, weight_decay and warmup >= 0")
+        if not self.token_loss >= 0:
+            raise ValueError(f"token_loss must be >= 0 (0 turns it off), got {self.token_loss}")
 
 
 def hard_negatives(caption: str, rng: np.random.Generator) -> dict[str, str]:
@@ -128,21 +136,50 @@ def embed_images(model: CLIPModel, images: torch.Tensor) -> torch.Tensor:
     return F.normalize(model.get_image_features(pixel_values=images).pooler_output, dim=-1)
 
 
-def contrastive_loss(model: CLIPModel, tokenizer: CLIPTokenizer, images: torch.Tensor, captions: list[str],
-                     negatives: list[dict[str, str]]) -> torch.Tensor:
-    """CLIP's symmetric InfoNCE, with every hard negative as one more caption each image must rank below its own.
+def word_and_patch_features(model: CLIPModel, tokenizer: CLIPTokenizer, texts: list[str], images: torch.Tensor):
+    """Unit features of every word of `texts` (M, T, D), which of them are words (M, T; not the start or end token
+    or padding), and of every image patch (B, P, D), each through its tower's projection as CLIP's pooled ones."""
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=tokenizer.model_max_length,
+                      return_tensors="pt").to(images.device)
+    ids = batch.input_ids
+    words = batch.attention_mask.bool() & (ids != tokenizer.bos_token_id) & (ids != tokenizer.eos_token_id)
+    tokens = model.text_projection(model.text_model(input_ids=ids).last_hidden_state)  # (M, T, D)
+    patches = model.vision_model(pixel_values=images).last_hidden_state[:, 1:]  # (B, P, width): not the class token
+    patches = model.visual_projection(model.vision_model.post_layernorm(patches))  # (B, P, D)
+    return F.normalize(tokens, dim=-1), words, F.normalize(patches, dim=-1)
 
-    Captions repeat within a batch ("a circle"), so the target of an image is every column whose caption is its
-    own (`caption_targets`), not only its index: a repeat is not a negative."""
+
+def word_to_patch_scores(tokens: torch.Tensor, words: torch.Tensor, patches: torch.Tensor) -> torch.Tensor:
+    """(B, M): for each image and text, the mean over the text's words of the word's cosine with its best patch."""
+    best = torch.einsum("bpd,mtd->bmtp", patches, tokens).amax(dim=-1)  # (B, M, T)
+    words = words.to(best.dtype)
+    return (best * words).sum(-1) / words.sum(-1).clamp(min=1)
+
+
+def contrastive_loss(model: CLIPModel, tokenizer: CLIPTokenizer, images: torch.Tensor, captions: list[str],
+                     negatives: list[dict[str, str]], token_loss: float = 0.0) -> torch.Tensor:
+    """CLIP's symmetric InfoNCE, with every hard negative as one more caption each image must rank below its own;
+    plus, weighted by `token_loss`, the same loss on `word_to_patch_scores`."""
     texts = captions + [n for found in negatives for n in found.values()]
     text = embed_texts(model, tokenizer, texts, images.device)  # (B + N, D)
     image = embed_images(model, images)  # (B, D)
     scale = model.logit_scale.exp().clamp(max=100)
-    image_to_text = scale * image @ text.T  # (B, B + N)
+    loss = info_nce(scale * image @ text.T, captions, texts)
+    if token_loss > 0:
+        scores = word_to_patch_scores(*word_and_patch_features(model, tokenizer, texts, images))  # (B, B + N)
+        loss = loss + token_loss * info_nce(scale * scores, captions, texts)
+    return loss
+
+
+def info_nce(image_to_text: torch.Tensor, captions: list[str], texts: list[str]) -> torch.Tensor:
+    """Symmetric InfoNCE on (B, B + N) scores of each image against `texts` (its batch's captions, then negatives).
+
+    Captions repeat within a batch ("a circle"), so the target of an image is every column whose caption is its
+    own (`caption_targets`), not only its index: a repeat is not a negative."""
     text_to_image = image_to_text[:, :len(captions)].T  # (B, B): each caption against the batch's images
-    targets = caption_targets(captions, texts).to(images.device)
+    targets = caption_targets(captions, texts).to(image_to_text.device)
     loss_i = -(F.log_softmax(image_to_text, dim=1) * targets).sum(1).mean()
-    targets_t = caption_targets(captions, captions).T.to(images.device)  # symmetric: the same rows as columns
+    targets_t = caption_targets(captions, captions).T.to(image_to_text.device)  # symmetric: rows as columns
     loss_t = -(F.log_softmax(text_to_image, dim=1) * targets_t).sum(1).mean()
     return (loss_i + loss_t) / 2
 
@@ -207,7 +244,7 @@ def train_scene_clip(cfg: SceneClipConfig, tokenizer: CLIPTokenizer, progress: b
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg)
             images, captions, negatives = draw_batch(cfg, step)
-            loss = contrastive_loss(model, tokenizer, images, captions, negatives)
+            loss = contrastive_loss(model, tokenizer, images, captions, negatives, cfg.token_loss)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"the loss is {loss.item()} at step {step + 1}; lower --lr")
             optimizer.zero_grad(set_to_none=True)

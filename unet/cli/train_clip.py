@@ -1,11 +1,13 @@
 """Train a CLIP of our own on the scenes (contrastive, with hard negatives), to freeze as the U-Net's text side.
 
     python scripts/train_clip.py --out runs/scene-clip --steps 3000
+    python scripts/train_clip.py --out runs/scene-clip-words --token-loss 1   # also score each word on its patch
     python scripts/train.py --clip runs/scene-clip/text --out runs/on-scene-clip   # a U-Net on it, frozen
 
 Each image is scored against its caption, the batch's other captions, and captions that swap its colours, its
 shapes or its relation; the text encoder must keep those words apart to tell them from the image
-(unet/scene_clip.py). OUT gets:
+(unet/scene_clip.py). --token-loss W adds, with weight W, the same loss on a score that matches every word to
+its best image patch, so that each word's own state, which the Keys read, must tell its colour or shape. OUT gets:
 
     text/         tokenizer + CLIPTextModel, for `train.py --clip OUT/text`
     clip/         the whole CLIPModel (text and vision towers)
