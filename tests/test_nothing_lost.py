@@ -340,3 +340,23 @@ sys.exit(generate.main(["a red circle", "--model", {str(tiny_pipeline_dir)!r}, "
     one_line(proc.stderr, "interrupted (SIGTERM): ")
     assert "Exception ignored" not in proc.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_sample_grid_replaces_a_grid_only_when_told_and_names_what_it_writes(tiny_pipeline_dir, tmp_path, capsys):
+    from unet.cli import sample_grid
+    out = tmp_path / "grid.png"
+    args = ["a red circle", "--model", str(tiny_pipeline_dir), "--seeds", "2", "--steps", "2", "--scale", "1"]
+    assert sample_grid.main([*args, "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    first = np.asarray(Image.open(out))
+    assert first.shape[:2] == (2 * 16, 16)  # a row per seed, a column per prompt, of the tiny model's 16 px
+    before = files(tmp_path)
+    assert sample_grid.main([*args, "--seeds", "1", "--out", str(out)]) == 2
+    one_line(capsys.readouterr().err, "pass --overwrite")
+    assert files(tmp_path) == before
+    for bad, message in ((tmp_path, "is a folder"), (tmp_path / "grid.pngx", "unknown image type")):
+        assert sample_grid.main([*args, "--out", str(bad)]) == 2
+        one_line(capsys.readouterr().err, message)
+    assert sample_grid.main([*args, "--seeds", "1", "--overwrite", "--out", str(out)]) == 0
+    assert np.array_equal(np.asarray(Image.open(out)), first[:16])  # seed 0 again, alone, and nothing else left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.png"]

@@ -5,6 +5,7 @@
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,11 +27,16 @@ def main(argv=None) -> int:
     p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's own)")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--scale", type=int, default=4, help="pixel magnification (default 4)")
-    p.add_argument("--out", required=True, help="PNG to write (must not exist)")
+    p.add_argument("--out", required=True, help="image to write, e.g. grid.png (refused if it exists)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = p.parse_args(argv)
     out = Path(args.out)
-    if out.exists():
-        return usage_error(f"{out} exists; choose another --out")
+    if out.is_dir():
+        return usage_error(f"--out {out} is a folder; give an image file, e.g. {out / 'grid.png'}")
+    if out.exists() and not args.overwrite:
+        return usage_error(f"{out} exists; pass --overwrite to replace it, or choose another --out")
+    if out.suffix.lower() not in Image.registered_extensions():
+        return usage_error(f"--out {out}: unknown image type {out.suffix!r}; use .png, .jpg or .webp")
     if args.seeds < 1 or args.steps < 1 or args.scale < 1:
         return usage_error("--seeds, --steps and --scale must be positive")
     try:
@@ -46,7 +52,10 @@ def main(argv=None) -> int:
     grid = to_uint8(np.concatenate(rows, axis=0))
     image = Image.fromarray(grid)
     out.parent.mkdir(parents=True, exist_ok=True)
-    image.resize((image.width * args.scale, image.height * args.scale), Image.NEAREST).save(out)
+    partial = out.with_name(f".{out.name}.partial")  # a grid stopped half-written never replaces the old one
+    image.resize((image.width * args.scale, image.height * args.scale), Image.NEAREST).save(
+        partial, format=Image.registered_extensions()[out.suffix.lower()])
+    os.replace(partial, out)
     print(out)
     return 0
 
