@@ -169,8 +169,8 @@ def test_sigterm_during_sampling_in_a_subprocess(tiny_pipeline_dir, tmp_path):
     reader = threading.Thread(target=lambda: [seen.extend(c) for c in iter(lambda: proc.stderr.read(1), b"")])
     reader.start()
     deadline = time.time() + 120
-    while b"%|" not in seen and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)  # wait for the sampling progress bar
+    while b"/1000 [" not in seen and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)  # wait for the sampling progress bar (its 1000 steps), not the loading bars
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=60)
     reader.join(timeout=10)
