@@ -15,6 +15,7 @@ from unet.scene_clip import (
     SceneClipConfig,
     caption_targets,
     contrastive_loss,
+    encode,
     hard_negatives,
     new_scene_clip,
     word_and_patch_features,
@@ -97,7 +98,8 @@ def test_the_word_loss_reaches_the_words_own_states_which_the_end_token_loss_nev
     """The Keys read every token's output state. The end token's loss leaves the others' untouched (the last layer's
     other outputs feed nothing it reads); `token_loss` trains them."""
     model, tokenizer, images = tiny_clip
-    tokens, words, patches = word_and_patch_features(model, tokenizer, ["a red circle", "a circle"], images)
+    encoded = encode(model, tokenizer, ["a red circle", "a circle"], images)
+    tokens, words, patches = word_and_patch_features(model, tokenizer, *encoded)
     assert words.sum(1).tolist() == [3, 2]  # the words; not the start, end or padding tokens
     assert patches.shape == (2, (16 // 4) ** 2, 16) and tokens.shape[:2] == words.shape \
         and torch.allclose(tokens.norm(dim=-1), torch.ones(words.shape))

@@ -124,10 +124,15 @@ def draw_batch(cfg: SceneClipConfig, step: int, split: str = "train"):
     return to_model_range(scenes_to_tensor(scenes)), captions, negatives
 
 
+def tokenize(tokenizer: CLIPTokenizer, texts: list[str], device):
+    """The texts padded to the longest, as both towers' scores read them (input_ids, attention_mask)."""
+    return tokenizer(texts, padding=True, truncation=True, max_length=tokenizer.model_max_length,
+                     return_tensors="pt").to(device)
+
+
 def embed_texts(model: CLIPModel, tokenizer: CLIPTokenizer, texts: list[str], device) -> torch.Tensor:
     """(N, projection_dim) unit text embeddings, pooled at each caption's end token as CLIP does."""
-    ids = tokenizer(texts, padding=True, truncation=True, max_length=tokenizer.model_max_length,
-                    return_tensors="pt").input_ids.to(device)
+    ids = tokenize(tokenizer, texts, device).input_ids
     return F.normalize(model.get_text_features(input_ids=ids).pooler_output, dim=-1)
 
 
@@ -136,15 +141,21 @@ def embed_images(model: CLIPModel, images: torch.Tensor) -> torch.Tensor:
     return F.normalize(model.get_image_features(pixel_values=images).pooler_output, dim=-1)
 
 
-def word_and_patch_features(model: CLIPModel, tokenizer: CLIPTokenizer, texts: list[str], images: torch.Tensor):
-    """Unit features of every word of `texts` (M, T, D), which of them are words (M, T; not the start or end token
-    or padding), and of every image patch (B, P, D), each through its tower's projection as CLIP's pooled ones."""
-    batch = tokenizer(texts, padding=True, truncation=True, max_length=tokenizer.model_max_length,
-                      return_tensors="pt").to(images.device)
+def encode(model: CLIPModel, tokenizer: CLIPTokenizer, texts: list[str], images: torch.Tensor):
+    """Both towers once: the tokenized texts, and transformers' text and image outputs, whose `pooler_output` is
+    the projected embedding and whose `last_hidden_state` holds every token and patch."""
+    batch = tokenize(tokenizer, texts, images.device)
+    return batch, model.get_text_features(input_ids=batch.input_ids), model.get_image_features(pixel_values=images)
+
+
+def word_and_patch_features(model: CLIPModel, tokenizer: CLIPTokenizer, batch, text, image):
+    """From `encode`'s outputs: unit features of every token (M, T, D), which of them are words (M, T; not the
+    start or end token or padding), and unit features of every image patch (B, P, D), each through its tower's
+    projection as CLIP's pooled ones."""
     ids = batch.input_ids
     words = batch.attention_mask.bool() & (ids != tokenizer.bos_token_id) & (ids != tokenizer.eos_token_id)
-    tokens = model.text_projection(model.text_model(input_ids=ids).last_hidden_state)  # (M, T, D)
-    patches = model.vision_model(pixel_values=images).last_hidden_state[:, 1:]  # (B, P, width): not the class token
+    tokens = model.text_projection(text.last_hidden_state)  # (M, T, D)
+    patches = image.last_hidden_state[:, 1:]  # (B, P, width): not the class token
     patches = model.visual_projection(model.vision_model.post_layernorm(patches))  # (B, P, D)
     return F.normalize(tokens, dim=-1), words, F.normalize(patches, dim=-1)
 
@@ -161,12 +172,14 @@ def contrastive_loss(model: CLIPModel, tokenizer: CLIPTokenizer, images: torch.T
     """CLIP's symmetric InfoNCE, with every hard negative as one more caption each image must rank below its own;
     plus, weighted by `token_loss`, the same loss on `word_to_patch_scores`."""
     texts = captions + [n for found in negatives for n in found.values()]
-    text = embed_texts(model, tokenizer, texts, images.device)  # (B + N, D)
-    image = embed_images(model, images)  # (B, D)
+    batch, text_out, image_out = encode(model, tokenizer, texts, images)
+    text = F.normalize(text_out.pooler_output, dim=-1)  # (B + N, D)
+    image = F.normalize(image_out.pooler_output, dim=-1)  # (B, D)
     scale = model.logit_scale.exp().clamp(max=100)
     loss = info_nce(scale * image @ text.T, captions, texts)
-    if token_loss > 0:
-        scores = word_to_patch_scores(*word_and_patch_features(model, tokenizer, texts, images))  # (B, B + N)
+    if token_loss > 0:  # the same forward passes: every token and patch, not only the pooled ones
+        features = word_and_patch_features(model, tokenizer, batch, text_out, image_out)
+        scores = word_to_patch_scores(*features)  # (B, B + N)
         loss = loss + token_loss * info_nce(scale * scores, captions, texts)
     return loss
 
