@@ -18,6 +18,14 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
+def _quiet_unraisable(unraisable) -> None:
+    """An interrupt raised where Python cannot propagate it (importlib's module-lock weakref callback) is
+    already noted in `_noted`: print no "Exception ignored ... Traceback" block before the one line."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def _report(signum: int) -> int:
     print(f"interrupted ({signal.Signals(signum).name}): while starting, nothing was written", file=sys.stderr)
     return 128 + signum
@@ -28,6 +36,7 @@ def run(module: str, function: str = "main") -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # background jobs ignore Ctrl-C: keep it so
             signal.signal(signum, _interrupt)  # the command installs its own handlers once it runs
+    hook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
     try:
         main = getattr(importlib.import_module(module), function)
     except BaseException as e:
@@ -35,6 +44,8 @@ def run(module: str, function: str = "main") -> int:
         if _noted or isinstance(e, KeyboardInterrupt):
             return _report(_noted[0] if _noted else signal.SIGINT)
         raise
+    finally:
+        sys.unraisablehook = hook
     if _noted:  # caught and dropped inside an import that still finished
         return _report(_noted[0])
     try:

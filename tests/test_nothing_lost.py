@@ -312,6 +312,24 @@ def test_console_commands_interrupted_while_importing_give_one_line(tmp_path, co
     assert not (tmp_path / "out").exists()
 
 
+def test_an_interrupt_lost_in_a_weakref_callback_while_importing_prints_one_line(tmp_path):
+    """Python may run the signal handler inside importlib's module-lock weakref callback, where the
+    KeyboardInterrupt it raises is "ignored": the launcher still prints only its one line."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time, weakref\n"
+        "class Thing:\n    pass\n"
+        "thing = Thing()\n"
+        "weakref.finalize(thing, lambda: os.kill(os.getpid(), signal.SIGINT) or time.sleep(2))\n"
+        "del thing\n"
+        "def main():\n    return 0\n")
+    script = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import crossattn_launcher; " \
+             "sys.exit(crossattn_launcher.run('slow_module'))"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          preexec_fn=default_sigint)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    one_line(proc.stderr, "interrupted (SIGINT): while starting")
+
+
 def test_an_interrupt_lost_in_a_weakref_callback_prints_no_traceback_block(tiny_pipeline_dir, tmp_path):
     """SIGTERM raised inside a callback Python cannot propagate from: the run stops with one line, and the
     "Exception ignored ... Traceback" block Python would print is not there."""
