@@ -441,6 +441,31 @@ def test_a_swallowed_interrupt_still_stops_the_run(tiny_pipeline_dir, tmp_path, 
     assert not out.exists()
 
 
+def test_an_interrupt_that_diffusers_turns_into_a_load_error_is_reported_as_an_interrupt(
+        tiny_pipeline_dir, tmp_path, capsys, monkeypatch):
+    """diffusers catches the signal's exception inside a weight load and raises OSError("Unable to load
+    weights ..."): the command says it was interrupted (exit 143), not that the model is broken (exit 2)."""
+    import time
+
+    from unet.cli import generate
+    from unet.pipeline import ScenePipeline
+
+    def load_and_lose_the_signal(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt as e:
+            raise OSError("Unable to load weights from checkpoint file") from e
+
+    monkeypatch.setattr(ScenePipeline, "from_pretrained", load_and_lose_the_signal)
+    out = tmp_path / "out"
+    rc = generate.main(["a red circle", "--model", str(tiny_pipeline_dir), "--out", str(out), "--steps", "2",
+                        "--quiet"])
+    assert rc == 128 + signal.SIGTERM
+    one_line(capsys.readouterr().err, "interrupted (SIGTERM)")
+    assert not out.exists()
+
+
 def test_signal_during_the_final_save_leaves_no_half_pipeline(tmp_path, capsys, monkeypatch):
     from unet.cli import train as train_script
     from unet.pipeline import ScenePipeline

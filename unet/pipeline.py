@@ -22,6 +22,7 @@ from crossattn.errors import UsageError, shorten  # noqa: F401 -- UsageError: ol
 from crossattn.overlay import to_uint8
 
 from .checkpoint import check_finite
+from .signals import raise_swallowed
 
 SD_GUIDANCE = 7.5  # diffusers' Stable Diffusion pipelines' default scale
 
@@ -167,6 +168,7 @@ def load_pipeline(model: str | Path | None = None, scheduler: str = "ddim", devi
         if device:
             pipe.to(device)
     except Exception as e:  # diffusers raises many types; the user needs the message, not the trace
+        raise_swallowed()  # diffusers turns Ctrl-C or SIGTERM inside a weight load into "Unable to load weights"
         reason = shorten(" ".join(str(e).split()), 300)
         raise UsageError(f"could not load the model in {folder}: {type(e).__name__}: {reason}") from e
     try:
