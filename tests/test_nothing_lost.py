@@ -360,6 +360,27 @@ sys.exit(generate.main(["a red circle", "--model", {str(tiny_pipeline_dir)!r}, "
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_sample_grid_that_cannot_write_keeps_the_old_grid_and_leaves_no_partial(tiny_pipeline_dir, tmp_path,
+                                                                                 capsys, monkeypatch):
+    import errno
+
+    from unet.cli import sample_grid
+    out = tmp_path / "grid.png"
+    out.write_bytes(b"the old grid")
+
+    def half_then_disk_full(self, fp, *args, **kwargs):
+        Path(fp).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(fp))
+
+    monkeypatch.setattr(Image.Image, "save", half_then_disk_full)
+    assert sample_grid.main(["a red circle", "--model", str(tiny_pipeline_dir), "--seeds", "1", "--steps", "1",
+                             "--overwrite", "--out", str(out)]) == 2
+    err = capsys.readouterr().err  # the loading bars, then one line
+    assert "Traceback" not in err and "could not write" in err.splitlines()[-1], err
+    assert "No space left on device" in err.splitlines()[-1], err
+    assert out.read_bytes() == b"the old grid" and sorted(p.name for p in tmp_path.iterdir()) == ["grid.png"]
+
+
 def test_sample_grid_replaces_a_grid_only_when_told_and_names_what_it_writes(tiny_pipeline_dir, tmp_path, capsys):
     from unet.cli import sample_grid
     out = tmp_path / "grid.png"

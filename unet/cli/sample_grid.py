@@ -15,6 +15,7 @@ from PIL import Image
 
 from crossattn.overlay import to_uint8
 from unet.cli import UsageError, usage_error
+from unet.folders import write_failed
 from unet.pipeline import load_pipeline
 from unet.train import TrainConfig
 
@@ -53,9 +54,15 @@ def main(argv=None) -> int:
     image = Image.fromarray(grid)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")  # a grid stopped half-written never replaces the old one
-    image.resize((image.width * args.scale, image.height * args.scale), Image.NEAREST).save(
-        partial, format=Image.registered_extensions()[out.suffix.lower()])
-    os.replace(partial, out)
+    try:
+        image.resize((image.width * args.scale, image.height * args.scale), Image.NEAREST).save(
+            partial, format=Image.registered_extensions()[out.suffix.lower()])
+        os.replace(partial, out)
+    except BaseException as e:
+        partial.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            return write_failed(e, str(out))
+        raise
     print(out)
     return 0
 
