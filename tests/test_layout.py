@@ -124,3 +124,35 @@ def test_word_merging_traces_two_words_through_the_encoder_to_its_output(tiny_pi
         float(torch.cosine_similarity(out[i], out[j], dim=0)), abs=1e-5)
     assert entry["cosine_at_output"]["largest 3 dims zeroed"] != entry["cosine_at_output"]["largest 0 dims zeroed"]
     assert set(entry["largest_activation_per_token"]) >= {"red@1", "blue@6"}
+
+
+def test_two_object_diagnosis_samples_what_fresh_seeds_scores_and_sorts_its_misses(tiny_pipeline):
+    """scripts/diagnose.py two-objects: the same images as `evaluate.py --fresh-seeds` (so its misses are that
+    report's misses), one x0 estimate per step; misses sorted by whether both objects were ever shown."""
+    from unet.eval.evaluate import prompt_following_on_fresh_seeds
+    from unet.research.diagnose import miss_kinds, objects_along_sampling
+    records = objects_along_sampling(tiny_pipeline, tasks=("two_object",), seeds=2, base_seed=7, steps=3)
+    scored = prompt_following_on_fresh_seeds(tiny_pipeline, seeds=2, base_seed=7, steps=3, guidance=1.0,
+                                             tasks=("two_object",), progress=False)
+    assert [sum(r["ok"] for r in records), len(records)] == scored["right_of"]["two_object"]
+    assert all(len(r["objects_shown"]) == len(r["objects_found"]) == 3 for r in records)
+    assert all(0 <= s <= 2 and s <= f for r in records for s, f in zip(r["objects_shown"], r["objects_found"]))
+
+    assert all(r["asked"] == sorted(r["prompt"].split()[1::3]) for r in records)  # "a circle and a square"
+
+    def row(ok, shown, found, drawn):
+        return {"task": "two_object", "ok": ok, "objects_shown": shown, "objects_found": found,
+                "asked": ["circle", "square"], "drawn": drawn}
+    summary = miss_kinds([row(True, [0, 2, 2], [1, 2, 2], ["circle", "square"]),
+                          row(False, [0, 1, 1], [1, 1, 1], ["circle"]),
+                          row(False, [1, 2, 1], [1, 2, 1], ["square"]),
+                          row(False, [1, 1, 1], [2, 2, 2], ["square", "square"])])["two_object"]
+    assert summary["misses drawing two or more objects of one shape"] == 1
+    assert summary["misses by what was drawn"] == {"asked circle + square, drawn circle": 1,
+                                                   "asked circle + square, drawn square": 1,
+                                                   "asked circle + square, drawn square + square": 1}
+    assert summary["right"] == 1 and summary["images"] == 4
+    assert summary["misses"] == {"never: the estimate never showed both": 1,
+                                 "lost: both shown at some step, then one dropped": 1,
+                                 "wrong: two objects drawn, a colour or shape wrong": 1}
+    assert summary["first step showing both, right images"] == {1: 1}

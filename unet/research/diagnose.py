@@ -4,6 +4,7 @@
     python scripts/diagnose.py grain --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py unconditional --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py words --model PATH --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py two-objects --model PATH --seeds 24 --out outputs/examples/diagnosis/NAME
 
 first-step: for single-object colour prompts, samples the same seeds twice: with trailing DDIM, whose first step is
 t = T (for an epsilon model at ~zero SNR, the x0 estimate there is noise amplified by 1/sqrt(alpha_bar)),
@@ -15,6 +16,11 @@ words: where the text encoder merges two colour words of one prompt ("red" and "
 a blue square", and the other pairs of `WORD_PROMPTS`): their cosine after the embeddings and after each encoder
 layer, the largest |activation| per token, and the cosine at the output when the largest dimensions are zeroed
 before the final LayerNorm (does one massive dimension cause the merge, or the whole vector?).
+two-objects: when a prompt with two objects ends with one, was the second object ever there? The evaluation's
+two-object and colour-attribution prompts are sampled exactly as `evaluate.py --fresh-seeds 50000` samples them
+(same batches, same noise), and the x0 estimate of every step is run through the detector: how many of the
+prompt's objects it shows at each step. A miss is "never" (the estimate never showed both), "lost" (it showed
+both at some step, then dropped one) or "wrong" (both places are filled, with a wrong colour or shape).
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from unet.cli import UsageError, usage_error
 from unet.data import COLORS, SHAPES
@@ -108,6 +115,77 @@ def grain_runs(pipe, prompts, colours, seeds: int) -> dict:
     return out
 
 
+def objects_along_sampling(pipe, tasks=("two_object", "color_attr"), seeds: int = 24, base_seed: int = 50_000,
+                           steps: int = 25) -> list[dict]:
+    """Per image of `evaluate.py --fresh-seeds` (same prompts, batches and noise, unguided): whether it is right,
+    and at each step how many of its prompt's objects the detector finds in the x0 estimate, and how many
+    objects of any kind."""
+    from unet.eval.evaluate import generate_batches
+    from unet.eval.prompts import check, eval_prompts
+    estimates = []  # per U-Net call: (B, 3, H, W) x0 in [-1, 1]
+    ddim = make_scheduler("ddim", pipe.scheduler.config)  # its x0 estimate; the pipeline's own stays untouched
+    ddim.set_timesteps(steps)
+
+    def keep_x0(module, args, kwargs, output):
+        pred = output.sample if hasattr(output, "sample") else output
+        estimates.append(ddim.step(pred, args[1], args[0]).pred_original_sample.clamp(-1, 1))
+
+    prompts = [p for p in eval_prompts() if p.task in tasks]
+    records = []
+    for start in range(0, len(prompts), 8):  # generate_batches' own chunks, so each keeps its noise
+        chunk = prompts[start:start + 8]
+        estimates.clear()
+        handle = pipe.unet.register_forward_hook(keep_x0, with_kwargs=True)
+        try:
+            batch, _ = generate_batches(pipe, chunk, seeds, base_seed + start, steps, 1.0, prompts_per_batch=8)
+        finally:
+            handle.remove()
+        for i, record in enumerate(batch):
+            p = chunk[i // seeds]
+            shown, found = [], []
+            for x0 in estimates:
+                detections = detect((x0[i].permute(1, 2, 0).cpu().numpy() + 1) / 2)
+                shown.append(sum(m is not None for m in check(p, detections)[1]))
+                found.append(len(detections))
+            drawn = sorted(f"{d.color} {d.shape}" if any(c for c, _ in p.objects) else d.shape
+                           for d in detect(record["image"]))
+            records.append({"task": p.task, "prompt": p.prompt, "ok": record["ok"], "objects_shown": shown,
+                            "objects_found": found, "asked": sorted(f"{c} {s}" if c else s for c, s in p.objects),
+                            "drawn": drawn, "image": record["image"]})
+    return records
+
+
+def miss_kinds(records: list[dict]) -> dict:
+    """Sorts the wrong images of `objects_along_sampling` into never / lost / wrong, and says at which step the
+    right ones first showed both objects."""
+    out = {}
+    for task in sorted({r["task"] for r in records}):
+        rows = [r for r in records if r["task"] == task]
+        kinds = Counter()
+        for r in rows:
+            if r["ok"]:
+                continue
+            if r["objects_found"][-1] >= 2 and r["objects_shown"][-1] < 2:
+                kinds["wrong: two objects drawn, a colour or shape wrong"] += 1
+            elif max(r["objects_shown"]) < 2:
+                kinds["never: the estimate never showed both"] += 1
+            else:
+                kinds["lost: both shown at some step, then one dropped"] += 1
+        first_both = [next(i for i, n in enumerate(r["objects_shown"]) if n >= 2) for r in rows
+                      if r["ok"] and max(r["objects_shown"]) >= 2]
+        drawn = Counter(f"asked {' + '.join(r['asked'])}, drawn {' + '.join(r['drawn']) or 'nothing'}"
+                        for r in rows if not r["ok"] and "drawn" in r)
+        one_shape = sum(len(r["drawn"]) >= 2 and len({d.split()[-1] for d in r["drawn"]}) == 1 for r in rows
+                        if not r["ok"] and "drawn" in r)
+        out[task] = {"right": sum(r["ok"] for r in rows), "images": len(rows), "misses": dict(kinds),
+                     "misses drawing two or more objects of one shape": one_shape,
+                     "misses by what was drawn": dict(drawn.most_common()),
+                     "final objects found in misses": dict(Counter(r["objects_found"][-1] for r in rows
+                                                                   if not r["ok"])),
+                     "first step showing both, right images": dict(sorted(Counter(first_both).items()))}
+    return out
+
+
 WORD_PROMPTS = (("a red circle left of a blue square", "red", "blue"),
                 ("a green triangle above a yellow circle", "green", "yellow"),
                 ("a red square and a green triangle", "red", "green"),
@@ -144,7 +222,7 @@ def word_merging(pipe, zeroed=(0, 1, 2, 3)) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["first-step", "grain", "unconditional", "words"])
+    p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects"])
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", required=True, help="folder for <what>.json")
     p.add_argument("--seeds", type=int, default=4)
@@ -165,6 +243,18 @@ def main(argv=None) -> int:
                       leading=colour_run(pipe, prompts, colours, args.seeds, "leading"))
     elif args.what == "words":
         result["words"] = word_merging(pipe)
+    elif args.what == "two-objects":
+        records = objects_along_sampling(pipe, seeds=args.seeds)
+        result["two_objects"] = {"summary": miss_kinds(records),
+                                 "images": [{k: v for k, v in r.items() if k != "image"} for r in records]}
+        misses = [np.pad(r["image"], ((2, 2), (2, 2), (0, 0)), constant_values=128) for r in records
+                  if not r["ok"]][:32]  # the first misses, 8 per row, grey-framed
+        if misses:
+            misses += [np.full_like(misses[0], 128)] * (-len(misses) % 8)
+            grid = np.concatenate([np.concatenate(misses[k:k + 8], axis=1) for k in range(0, len(misses), 8)])
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(grid).resize((grid.shape[1] * 4, grid.shape[0] * 4), Image.NEAREST).save(
+                Path(args.out) / "misses.png")
     elif args.what == "grain":
         result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
     else:
