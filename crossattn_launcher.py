@@ -20,7 +20,8 @@ def _interrupt(signum, frame):
 
 def _quiet_unraisable(unraisable) -> None:
     """An interrupt raised where Python cannot propagate it (importlib's module-lock weakref callback) is
-    already noted in `_noted`: print no "Exception ignored ... Traceback" block before the one line."""
+    already noted in `_noted`: print no "Exception ignored ... Traceback" block before the one line. (The same
+    as `unet.signals`' hook, repeated here because importing `unet` is the slow import this guards.)"""
     if isinstance(unraisable.exc_value, KeyboardInterrupt):
         return
     sys.__unraisablehook__(unraisable)

@@ -1,5 +1,6 @@
 """Layout response and key separation (unet/eval/layout.py): exact on models whose answer is known."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -127,18 +128,27 @@ def test_word_merging_traces_two_words_through_the_encoder_to_its_output(tiny_pi
 
 
 def test_two_object_diagnosis_samples_what_fresh_seeds_scores_and_sorts_its_misses(tiny_pipeline):
-    """scripts/diagnose.py two-objects: the same images as `evaluate.py --fresh-seeds` (so its misses are that
-    report's misses), one x0 estimate per step; misses sorted by whether both objects were ever shown."""
-    from unet.eval.evaluate import prompt_following_on_fresh_seeds
+    """scripts/diagnose.py two-objects: image for image what `evaluate.py --fresh-seeds` samples (13 prompts: two
+    batches, each with its own noise), one x0 estimate per step; misses sorted by what was drawn and whether
+    both objects were ever shown."""
+    from unet.eval.detect import detect
+    from unet.eval.evaluate import generate_batches
+    from unet.eval.prompts import check, eval_prompts
     from unet.research.diagnose import miss_kinds, objects_along_sampling
-    records = objects_along_sampling(tiny_pipeline, tasks=("two_object",), seeds=2, base_seed=7, steps=3)
-    scored = prompt_following_on_fresh_seeds(tiny_pipeline, seeds=2, base_seed=7, steps=3, guidance=1.0,
-                                             tasks=("two_object",), progress=False)
-    assert [sum(r["ok"] for r in records), len(records)] == scored["right_of"]["two_object"]
+    tasks = ("two_object", "color_attr")
+    records = objects_along_sampling(tiny_pipeline, tasks=tasks, seeds=2, base_seed=7, steps=3)
+    prompts = [p for p in eval_prompts() if p.task in tasks]
+    assert len(prompts) > 8  # more than one batch
+    fresh, _ = generate_batches(tiny_pipeline, prompts, 2, 7, 3, 1.0)  # what --fresh-seeds samples
+    assert [r["prompt"] for r in records] == [r["prompt"] for r in fresh]
+    for mine, theirs in zip(records, fresh):
+        assert np.array_equal(mine["image"], theirs["image"]) and mine["ok"] == theirs["ok"]
+    last = records[-1]
+    shown_at_end = sum(m is not None for m in check(prompts[-1], detect(last["image"]))[1])
+    assert last["objects_shown"][-1] == shown_at_end  # the last x0 estimate is the image
     assert all(len(r["objects_shown"]) == len(r["objects_found"]) == 3 for r in records)
     assert all(0 <= s <= 2 and s <= f for r in records for s, f in zip(r["objects_shown"], r["objects_found"]))
-
-    assert all(r["asked"] == sorted(r["prompt"].split()[1::3]) for r in records)  # "a circle and a square"
+    assert records[0]["asked"] == sorted(records[0]["prompt"].split()[1::3])  # "a circle and a square"
 
     def row(ok, shown, found, drawn):
         return {"task": "two_object", "ok": ok, "objects_shown": shown, "objects_found": found,
@@ -146,13 +156,13 @@ def test_two_object_diagnosis_samples_what_fresh_seeds_scores_and_sorts_its_miss
     summary = miss_kinds([row(True, [0, 2, 2], [1, 2, 2], ["circle", "square"]),
                           row(False, [0, 1, 1], [1, 1, 1], ["circle"]),
                           row(False, [1, 2, 1], [1, 2, 1], ["square"]),
-                          row(False, [1, 1, 1], [2, 2, 2], ["square", "square"])])["two_object"]
+                          row(False, [2, 1, 1], [2, 2, 2], ["square", "square"])])["two_object"]
+    assert summary["right"] == 1 and summary["images"] == 4
+    assert summary["misses"] == {"one or none drawn; never both shown": 1,
+                                 "one or none drawn; both shown right at some step": 1,
+                                 "two or more drawn, a shape or colour wrong; both shown right at some step": 1}
+    assert summary["first step showing both (from 1), right images"] == {2: 1}
     assert summary["misses drawing two or more objects of one shape"] == 1
     assert summary["misses by what was drawn"] == {"asked circle + square, drawn circle": 1,
                                                    "asked circle + square, drawn square": 1,
                                                    "asked circle + square, drawn square + square": 1}
-    assert summary["right"] == 1 and summary["images"] == 4
-    assert summary["misses"] == {"never: the estimate never showed both": 1,
-                                 "lost: both shown at some step, then one dropped": 1,
-                                 "wrong: two objects drawn, a colour or shape wrong": 1}
-    assert summary["first step showing both, right images"] == {1: 1}

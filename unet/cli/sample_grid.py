@@ -52,9 +52,9 @@ def main(argv=None) -> int:
         rows.append(np.concatenate(list(images), axis=1))  # (H, W * prompts, 3)
     grid = to_uint8(np.concatenate(rows, axis=0))
     image = Image.fromarray(grid)
-    out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")  # a grid stopped half-written never replaces the old one
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         image.resize((image.width * args.scale, image.height * args.scale), Image.NEAREST).save(
             partial, format=Image.registered_extensions()[out.suffix.lower()])
         os.replace(partial, out)

@@ -16,11 +16,10 @@ words: where the text encoder merges two colour words of one prompt ("red" and "
 a blue square", and the other pairs of `WORD_PROMPTS`): their cosine after the embeddings and after each encoder
 layer, the largest |activation| per token, and the cosine at the output when the largest dimensions are zeroed
 before the final LayerNorm (does one massive dimension cause the merge, or the whole vector?).
-two-objects: when a prompt with two objects ends with one, was the second object ever there? The evaluation's
-two-object and colour-attribution prompts are sampled exactly as `evaluate.py --fresh-seeds 50000` samples them
-(same batches, same noise), and the x0 estimate of every step is run through the detector: how many of the
-prompt's objects it shows at each step. A miss is "never" (the estimate never showed both), "lost" (it showed
-both at some step, then dropped one) or "wrong" (both places are filled, with a wrong colour or shape).
+two-objects: when a prompt with two objects is missed, what was drawn, and did the x0 estimate ever show both
+objects right? The evaluation's two-object and colour-attribution prompts are sampled exactly as `evaluate.py
+--fresh-seeds 50000` samples them (same batches, same noise: the same images), and the detector reads the
+final image and the x0 estimate of every step. Unguided models only. Use --seeds 24 to match the fresh seeds.
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -119,9 +118,12 @@ def objects_along_sampling(pipe, tasks=("two_object", "color_attr"), seeds: int 
                            steps: int = 25) -> list[dict]:
     """Per image of `evaluate.py --fresh-seeds` (same prompts, batches and noise, unguided): whether it is right,
     and at each step how many of its prompt's objects the detector finds in the x0 estimate, and how many
-    objects of any kind."""
+    objects of any kind. Steps count from 1."""
     from unet.eval.evaluate import generate_batches
     from unet.eval.prompts import check, eval_prompts
+    if default_guidance(pipe) != 1.0:  # a guided batch is doubled, and its x0 is not one U-Net call's
+        raise UsageError(f"two-objects reads unguided models only; this one samples with guidance "
+                         f"{default_guidance(pipe)}")
     estimates = []  # per U-Net call: (B, 3, H, W) x0 in [-1, 1]
     ddim = make_scheduler("ddim", pipe.scheduler.config)  # its x0 estimate; the pipeline's own stays untouched
     ddim.set_timesteps(steps)
@@ -137,7 +139,7 @@ def objects_along_sampling(pipe, tasks=("two_object", "color_attr"), seeds: int 
         estimates.clear()
         handle = pipe.unet.register_forward_hook(keep_x0, with_kwargs=True)
         try:
-            batch, _ = generate_batches(pipe, chunk, seeds, base_seed + start, steps, 1.0, prompts_per_batch=8)
+            batch, _ = generate_batches(pipe, chunk, seeds, base_seed + start, steps, 1.0)
         finally:
             handle.remove()
         for i, record in enumerate(batch):
@@ -156,8 +158,8 @@ def objects_along_sampling(pipe, tasks=("two_object", "color_attr"), seeds: int 
 
 
 def miss_kinds(records: list[dict]) -> dict:
-    """Sorts the wrong images of `objects_along_sampling` into never / lost / wrong, and says at which step the
-    right ones first showed both objects."""
+    """Sorts the wrong images of `objects_along_sampling` by what was drawn at the end and whether the x0
+    estimate ever showed both objects right, and says at which step (from 1) the right ones first showed both."""
     out = {}
     for task in sorted({r["task"] for r in records}):
         rows = [r for r in records if r["task"] == task]
@@ -165,13 +167,10 @@ def miss_kinds(records: list[dict]) -> dict:
         for r in rows:
             if r["ok"]:
                 continue
-            if r["objects_found"][-1] >= 2 and r["objects_shown"][-1] < 2:
-                kinds["wrong: two objects drawn, a colour or shape wrong"] += 1
-            elif max(r["objects_shown"]) < 2:
-                kinds["never: the estimate never showed both"] += 1
-            else:
-                kinds["lost: both shown at some step, then one dropped"] += 1
-        first_both = [next(i for i, n in enumerate(r["objects_shown"]) if n >= 2) for r in rows
+            drawn_two = r["objects_found"][-1] >= 2 and r["objects_shown"][-1] < 2
+            ever = "both shown right at some step" if max(r["objects_shown"]) >= 2 else "never both shown"
+            kinds[f"{'two or more drawn, a shape or colour wrong' if drawn_two else 'one or none drawn'}; {ever}"] += 1
+        first_both = [next(i for i, n in enumerate(r["objects_shown"], 1) if n >= 2) for r in rows
                       if r["ok"] and max(r["objects_shown"]) >= 2]
         drawn = Counter(f"asked {' + '.join(r['asked'])}, drawn {' + '.join(r['drawn']) or 'nothing'}"
                         for r in rows if not r["ok"] and "drawn" in r)
@@ -182,7 +181,7 @@ def miss_kinds(records: list[dict]) -> dict:
                      "misses by what was drawn": dict(drawn.most_common()),
                      "final objects found in misses": dict(Counter(r["objects_found"][-1] for r in rows
                                                                    if not r["ok"])),
-                     "first step showing both, right images": dict(sorted(Counter(first_both).items()))}
+                     "first step showing both (from 1), right images": dict(sorted(Counter(first_both).items()))}
     return out
 
 
@@ -225,7 +224,8 @@ def main(argv=None) -> int:
     p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects"])
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", required=True, help="folder for <what>.json")
-    p.add_argument("--seeds", type=int, default=4)
+    p.add_argument("--seeds", type=int, default=4, help="seeds per prompt (default 4; two-objects: give 24 to "
+                   "sample the images of evaluate.py --fresh-seeds 50000 --seeds 24)")
     p.add_argument("--guidance", type=float, default=None,
                    help="first-step: guidance of the x0 estimate (default: the model's own)")
     args = p.parse_args(argv)
@@ -244,7 +244,10 @@ def main(argv=None) -> int:
     elif args.what == "words":
         result["words"] = word_merging(pipe)
     elif args.what == "two-objects":
-        records = objects_along_sampling(pipe, seeds=args.seeds)
+        try:
+            records = objects_along_sampling(pipe, seeds=args.seeds)
+        except UsageError as e:
+            return usage_error(e)
         result["two_objects"] = {"summary": miss_kinds(records),
                                  "images": [{k: v for k, v in r.items() if k != "image"} for r in records]}
         misses = [np.pad(r["image"], ((2, 2), (2, 2), (0, 0)), constant_values=128) for r in records
