@@ -221,6 +221,27 @@ def test_single_share_sets_the_data_mix_and_old_runs_draw_the_same_batches():
     assert torch.equal(old_images, images) and old_captions == captions
 
 
+def test_colourless_share_sets_which_pairs_name_no_colours_and_old_runs_draw_the_same_batches():
+    """--colourless-share 1 captions every pair of two different shapes without colours, 0 none; pairs of one
+    shape always name their colours (the words must tell the objects apart); the default is every earlier run's
+    rule."""
+    from unet.data import COLORS, SHAPES
+    from unet.train import TrainConfig, fresh_batch
+
+    def kinds(captions):  # (names a colour, two different shapes) per caption
+        return {(any(w in COLORS for w in c.split()), len({w for w in c.split() if w in SHAPES}) == 2)
+                for c in captions}
+    _, none = fresh_batch(0, 7, 96, 32, single_share=0.0, colourless_share=0.0)
+    _, every = fresh_batch(0, 7, 96, 32, single_share=0.0, colourless_share=1.0)
+    assert kinds(none) == {(True, True), (True, False)}
+    assert kinds(every) == {(False, True), (True, False)}
+    old_images, old_captions = fresh_batch(0, 7, 64, 32)
+    images, captions = fresh_batch(0, 7, 64, 32, colourless_share=TrainConfig().colourless_share)
+    assert torch.equal(old_images, images) and old_captions == captions
+    with pytest.raises(ValueError, match="colourless_share"):
+        TrainConfig(colourless_share=1.5).validate()
+
+
 def test_levers_table_and_curves_from_evaluation_reports(tmp_path):
     from unet.research import levers
 

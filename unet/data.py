@@ -119,11 +119,12 @@ class SceneSampler:
     """Draws scenes from a seed. `split="train"` avoids held-out pair combinations; "eval" uses only them."""
 
     def __init__(self, seed: int = 0, height: int = 32, width: int = 32, split: str = "train",
-                 p_single: float = 0.4):
+                 p_single: float = 0.4, p_colourless: float = 0.2):
         if split not in ("train", "eval", "all"):
             raise ValueError(f"split must be 'train', 'eval' or 'all', got {split!r}")
         self.rng = np.random.default_rng(seed)
         self.height, self.width, self.split, self.p_single = height, width, split, p_single
+        self.p_colourless = p_colourless  # pairs of two different shapes captioned without colours
         pairs = {"train": [p for p in ALL_PAIRS if p not in HELD_OUT_PAIRS], "eval": HELD_OUT_PAIRS,
                  "all": ALL_PAIRS}[split]
         self.pairs = pairs
@@ -165,7 +166,8 @@ class SceneSampler:
         if relation is None:
             relation = rng.choice(RELATIONS + ("and",))
         if with_colors is None:
-            with_colors = rng.random() < 0.8 or s1 == s2
+            # the same draw and comparison as before this share was a parameter: 1 - 0.2 == 0.8 exactly
+            with_colors = rng.random() < 1 - self.p_colourless or s1 == s2
         size1, size2 = self._size(), self._size()
         (x1, y1), (x2, y2) = _place_pair(rng, relation if relation != "and" else rng.choice(RELATIONS),
                                          size1, size2, H, W)

@@ -59,6 +59,9 @@ class TrainConfig:
     ema_decay: float = 0.999  # reached after a warm-up of (1 + step) / (10 + step)
     caption_dropout: float = 0.1  # empty captions teach the unconditional model for guidance
     single_share: float = 0.4  # share of one-object scenes; the rest are pairs, 4 in 5 of them with a relation
+    # share of pairs of two different shapes captioned without colours ("a circle and a square"); the only pairs
+    # where shape words alone tell the two objects apart (same-shape pairs always name their colours)
+    colourless_share: float = 0.2
     prediction_type: str = "v_prediction"  # or "epsilon"; an epsilon model cannot predict x0 at zero SNR
     zero_terminal_snr: bool = True  # rescale the schedule so t = T is pure noise, as sampling assumes
     min_snr_gamma: float = 5.0  # weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0: none
@@ -129,6 +132,8 @@ class TrainConfig:
             raise FileNotFoundError(f"CLIP folder {self.clip} does not exist")
         if not 0 <= self.single_share <= 1:
             raise ValueError(f"single_share must be in [0, 1], got {self.single_share}")
+        if not 0 <= self.colourless_share <= 1:
+            raise ValueError(f"colourless_share must be in [0, 1], got {self.colourless_share}")
         if not 0 <= self.caption_dropout < 1:
             raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
         multiple = 2 ** (len(self.channels) - 1)
@@ -289,13 +294,14 @@ def training_data(cfg: TrainConfig) -> SceneDataset | None:
     return None
 
 
-def fresh_batch(seed: int, step: int, batch_size: int, size: int,
-                single_share: float = 0.4) -> tuple[torch.Tensor, list[str]]:
+def fresh_batch(seed: int, step: int, batch_size: int, size: int, single_share: float = 0.4,
+                colourless_share: float = 0.2) -> tuple[torch.Tensor, list[str]]:
     """`batch_size` new scenes drawn from (seed, step): images (B, 3, H, W) uint8 and captions.
 
     Cheap (a few ms per scene) and never repeated, and a resumed run draws exactly the batches it would have.
     """
-    sampler = SceneSampler(seed=(seed, step), height=size, width=size, split="train", p_single=single_share)
+    sampler = SceneSampler(seed=(seed, step), height=size, width=size, split="train", p_single=single_share,
+                           p_colourless=colourless_share)
     scenes = [sampler() for _ in range(batch_size)]
     return scenes_to_tensor(scenes), [s.caption for s in scenes]
 
@@ -349,7 +355,8 @@ class Trainer:
     def batch(self, step: int):
         cfg = self.cfg
         if self.dataset is None:
-            images, captions = fresh_batch(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share)
+            images, captions = fresh_batch(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share,
+                                           cfg.colourless_share)
         else:
             n = len(self.dataset)
             per_epoch = max(1, n // cfg.batch_size)

@@ -30,9 +30,9 @@ from unet.pipeline import progress_bars
 from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, resumed_config
 
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
-GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "caption_dropout", "text_variant",
-          "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction", "logit_mean", "logit_std",
-          "layout_every", "layout_seeds")
+GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "colourless_share",
+          "caption_dropout", "text_variant", "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction",
+          "logit_mean", "logit_std", "layout_every", "layout_seeds")
 
 
 def parse_args(argv=None):
@@ -47,9 +47,10 @@ def parse_args(argv=None):
     p.add_argument("--grow-from", metavar="RUN", default=None,
                    help="continue the run folder RUN in the new folder --out, with the changes given among "
                         "--position-embedding, --pooled-text, --self-attention-levels, --single-share, "
-                        "--caption-dropout, --text-variant side-hints, --side-hint-gain, --timestep-sampling "
-                        "(with --layout-share, --layout-fraction, --logit-mean, --logit-std), --clip (the U-Net "
-                        "continues on that frozen text side) (everything else as RUN has it); RUN is only read")
+                        "--colourless-share, --caption-dropout, --text-variant side-hints, --side-hint-gain, "
+                        "--timestep-sampling (with --layout-share, --layout-fraction, --logit-mean, --logit-std), "
+                        "--clip (the U-Net continues on that frozen text side) (everything else as RUN has it); "
+                        "RUN is only read")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for f in fields(TrainConfig):
         if f.name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from") or isinstance(f.default, tuple):
