@@ -136,14 +136,16 @@ def test_resume_to_a_step_already_reached_is_refused(tmp_path, capsys, steps, me
 
 # --- 3. checkpoint integrity
 def test_committed_parts_join_and_resume_where_the_run_stopped(tmp_path):
-    """The training checkpoint the repository carries (outputs/examples/training/checkpoint-v3) joins, checks and
-    resumes."""
+    """The training checkpoint the repository carries (outputs/examples/training/checkpoint-words) joins, checks
+    and resumes, on the frozen text side its config names."""
     from unet.cli import checkpoint_parts
     from unet.train import TrainConfig, Trainer
-    parts = ROOT / "outputs" / "examples" / "training" / "checkpoint-v3"
-    run = tmp_path / "v2"
+    parts = ROOT / "outputs" / "examples" / "training" / "checkpoint-words"
+    run = tmp_path / "words"
     run.mkdir()
-    (run / "train_config.json").write_bytes((parts / "train_config.json").read_bytes())
+    config = json.loads((parts / "train_config.json").read_text())
+    assert (ROOT / config["clip"]).is_dir()  # relative to the repository's root, where the guide runs it
+    (run / "train_config.json").write_text(json.dumps(config | {"clip": str(ROOT / config["clip"])}))
     assert checkpoint_parts.main(["join", str(parts), str(run / "checkpoint.safetensors")]) == 0
     rows = (parts / "loss.csv").read_text().splitlines()
     last = int(rows[-1].split(",")[0])

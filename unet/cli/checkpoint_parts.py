@@ -1,8 +1,8 @@
 """Split a training checkpoint into parts small enough to commit, and join them back for --resume.
 
     # parts < 24 MB, then join them back and --resume
-    python scripts/checkpoint_parts.py split runs/v2/checkpoint.safetensors outputs/examples/training/checkpoint-v3
-    python scripts/checkpoint_parts.py join outputs/examples/training/checkpoint-v3 runs/v2/checkpoint.safetensors
+    python scripts/checkpoint_parts.py split runs/RUN/checkpoint.safetensors outputs/examples/training/checkpoint-RUN
+    python scripts/checkpoint_parts.py join outputs/examples/training/checkpoint-RUN runs/RUN/checkpoint.safetensors
 
 The parts hold exactly the checkpoint's tensors and metadata (safetensors only): joining gives a file
 that resumes the run bit for bit. Each part records its own SHA-256 and the whole checkpoint's, checked at
