@@ -121,10 +121,10 @@ def objects_along_sampling(pipe, tasks=("two_object", "color_attr"), seeds: int 
     objects of any kind. Steps count from 1."""
     from unet.eval.evaluate import generate_batches
     from unet.eval.prompts import check, eval_prompts
-    if default_guidance(pipe) != 1.0:  # a guided batch is doubled, and its x0 is not one U-Net call's
-        raise UsageError(f"two-objects reads unguided models only; this one samples with guidance "
-                         f"{default_guidance(pipe)}")
-    estimates = []  # per U-Net call: (B, 3, H, W) x0 in [-1, 1]
+    guidance = default_guidance(pipe)
+    if guidance != 1.0:  # a guided batch is doubled, and its x0 is not one U-Net call's
+        raise UsageError(f"two-objects reads unguided models only; this one samples with guidance {guidance}")
+    estimates = []  # per U-Net call, batch after batch: (B, 3, H, W) x0 in [-1, 1]
     ddim = make_scheduler("ddim", pipe.scheduler.config)  # its x0 estimate; the pipeline's own stays untouched
     ddim.set_timesteps(steps)
 
@@ -132,28 +132,25 @@ def objects_along_sampling(pipe, tasks=("two_object", "color_attr"), seeds: int 
         pred = output.sample if hasattr(output, "sample") else output
         estimates.append(ddim.step(pred, args[1], args[0]).pred_original_sample.clamp(-1, 1))
 
-    prompts = [p for p in eval_prompts() if p.task in tasks]
+    prompts = {p.prompt: p for p in eval_prompts() if p.task in tasks}
+    handle = pipe.unet.register_forward_hook(keep_x0, with_kwargs=True)
+    try:
+        batch, _ = generate_batches(pipe, list(prompts.values()), seeds, base_seed, steps, 1.0)
+    finally:
+        handle.remove()
     records = []
-    for start in range(0, len(prompts), 8):  # generate_batches' own chunks, so each keeps its noise
-        chunk = prompts[start:start + 8]
-        estimates.clear()
-        handle = pipe.unet.register_forward_hook(keep_x0, with_kwargs=True)
-        try:
-            batch, _ = generate_batches(pipe, chunk, seeds, base_seed + start, steps, 1.0)
-        finally:
-            handle.remove()
-        for i, record in enumerate(batch):
-            p = chunk[i // seeds]
-            shown, found = [], []
-            for x0 in estimates:
-                detections = detect((x0[i].permute(1, 2, 0).cpu().numpy() + 1) / 2)
-                shown.append(sum(m is not None for m in check(p, detections)[1]))
-                found.append(len(detections))
-            drawn = sorted(f"{d.color} {d.shape}" if any(c for c, _ in p.objects) else d.shape
-                           for d in detect(record["image"]))
-            records.append({"task": p.task, "prompt": p.prompt, "ok": record["ok"], "objects_shown": shown,
-                            "objects_found": found, "asked": sorted(f"{c} {s}" if c else s for c, s in p.objects),
-                            "drawn": drawn, "image": record["image"]})
+    for record in batch:
+        p = prompts[record["prompt"]]
+        shown, found = [], []
+        for x0 in estimates[record["batch"] * steps:(record["batch"] + 1) * steps]:
+            detections = detect((x0[record["index"]].permute(1, 2, 0).cpu().numpy() + 1) / 2)
+            shown.append(sum(m is not None for m in check(p, detections)[1]))
+            found.append(len(detections))
+        drawn = sorted(f"{d.color} {d.shape}" if any(c for c, _ in p.objects) else d.shape
+                       for d in detect(record["image"]))
+        records.append({"task": p.task, "prompt": p.prompt, "ok": record["ok"], "objects_shown": shown,
+                        "objects_found": found, "asked": sorted(f"{c} {s}" if c else s for c, s in p.objects),
+                        "drawn": drawn, "image": record["image"]})
     return records
 
 
@@ -173,9 +170,9 @@ def miss_kinds(records: list[dict]) -> dict:
         first_both = [next(i for i, n in enumerate(r["objects_shown"], 1) if n >= 2) for r in rows
                       if r["ok"] and max(r["objects_shown"]) >= 2]
         drawn = Counter(f"asked {' + '.join(r['asked'])}, drawn {' + '.join(r['drawn']) or 'nothing'}"
-                        for r in rows if not r["ok"] and "drawn" in r)
+                        for r in rows if not r["ok"])
         one_shape = sum(len(r["drawn"]) >= 2 and len({d.split()[-1] for d in r["drawn"]}) == 1 for r in rows
-                        if not r["ok"] and "drawn" in r)
+                        if not r["ok"])
         out[task] = {"right": sum(r["ok"] for r in rows), "images": len(rows), "misses": dict(kinds),
                      "misses drawing two or more objects of one shape": one_shape,
                      "misses by what was drawn": dict(drawn.most_common()),
