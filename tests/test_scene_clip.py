@@ -213,3 +213,81 @@ def test_growing_onto_a_clip_of_another_width_is_refused(source_run, tmp_path, c
     err = capsys.readouterr().err
     assert "encodes text 32 wide" in err and "--text-width 16" in err
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def on_clip(source_run, scene_clip, tmp_path_factory):
+    """`source_run` grown onto the frozen scene CLIP: the run a text learning rate is then given to."""
+    run = tmp_path_factory.mktemp("on-clip") / "run"
+    assert train_script.main(["--out", str(run), "--grow-from", str(source_run), "--clip", str(scene_clip / "text"),
+                              "--steps", "5", "--quiet"]) == 0
+    return run
+
+
+def test_a_text_lr_trains_the_clip_at_its_own_rate_and_keeps_the_unets_moments(on_clip, scene_clip, tmp_path):
+    from unet import checkpoint
+    from unet.pipeline import load_pipeline
+    grown = tmp_path / "grown"
+    assert train_script.main(["--out", str(grown), "--grow-from", str(on_clip), "--text-lr", "3e-4", "--steps", "7",
+                              "--quiet"]) == 0
+    frozen = load_text_encoder(scene_clip / "text").state_dict()
+    saved, _ = checkpoint.load(grown / "checkpoint.safetensors")
+    for prefix in ("text", "ema_text"):  # both the weights and their average moved off the CLIP's
+        assert not torch.equal(saved[f"{prefix}.embeddings.token_embedding.weight"],
+                               frozen["embeddings.token_embedding.weight"])
+    pipe = load_pipeline(grown / "pipeline", show_progress=False)  # the pipeline holds the trained EMA text side
+    assert all(torch.equal(pipe.text_encoder.state_dict()[k], saved[f"ema_text.{k}"]) for k in frozen)
+    assert torch.equal(run_pipeline(grown).text_encoder.embeddings.token_embedding.weight,
+                       saved["ema_text.embeddings.token_embedding.weight"])
+
+    before = Trainer(dataclasses.replace(train_script.training_config(
+        train_script.parse_args(["--out", str(on_clip), "--resume", "--steps", "6"])), resume=True))
+    after = train_script.start_grown(train_script.training_config(train_script.parse_args(
+        ["--out", str(tmp_path / "fresh"), "--grow-from", str(on_clip), "--text-lr", "3e-4", "--steps", "7"])), on_clip)
+    after = Trainer(after)
+    old, new = before.optimizer.state_dict()["state"], after.optimizer.state_dict()["state"]
+    for i, name in enumerate(after.param_names):  # the U-Net's moments carry over; the text's start afresh
+        if name.startswith("unet."):
+            assert torch.equal(new[i]["exp_avg"], old[before.param_names.index(name)]["exp_avg"]), name
+        else:
+            assert i not in new, name
+    scales = {(g["lr_scale"], any(p is q for q in after.text_encoder.parameters() for p in g["params"]))
+              for g in after.optimizer.param_groups}
+    assert scales == {(1.0, False), (3e-4 / 6e-4, True)}  # (rate / --lr, holds text weights)
+
+
+def test_a_run_training_its_clip_resumes_exactly(on_clip, tmp_path):
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    grow = ["--grow-from", str(on_clip), "--text-lr", "3e-4", "--quiet"]
+    assert train_script.main(["--out", str(straight), *grow, "--steps", "8"]) == 0
+    assert train_script.main(["--out", str(cut), *grow, "--steps", "6"]) == 0
+    assert train_script.main(["--out", str(cut), "--resume", "--steps", "8", "--quiet"]) == 0
+    from unet import checkpoint
+    a, _ = checkpoint.load(straight / "checkpoint.safetensors")
+    b, _ = checkpoint.load(cut / "checkpoint.safetensors")
+    assert a.keys() == b.keys() and any(k.startswith("opt.") for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a if not k.startswith("rng."))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--text-lr", "1e-4"], "applies only with --clip"),
+    (["--text-lr", "-1"], "--text-lr must be a finite number >= 0"),
+    (["--text-lr", "1e-4", "--clip", "CLIP"], "grow"),
+])
+def test_a_text_lr_is_refused_where_it_would_not_train_the_clip_it_names(source_run, scene_clip, tmp_path, capsys,
+                                                                        args, message):
+    args = [str(scene_clip / "text") if a == "CLIP" else a for a in args]
+    out = tmp_path / "grown"
+    assert train_script.main(["--out", str(out), "--grow-from", str(source_run), "--steps", "6", "--quiet",
+                              *args]) == 2
+    assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_freezing_a_trained_clip_again_is_refused(on_clip, tmp_path, capsys):
+    trained = tmp_path / "trained"
+    assert train_script.main(["--out", str(trained), "--grow-from", str(on_clip), "--text-lr", "3e-4", "--steps", "6",
+                              "--quiet"]) == 0
+    out = tmp_path / "frozen"
+    assert train_script.main(["--out", str(out), "--grow-from", str(trained), "--text-lr", "0", "--steps", "7",
+                              "--quiet"]) == 2
+    assert "losing what it learned" in capsys.readouterr().err and not out.exists()

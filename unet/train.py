@@ -82,7 +82,10 @@ class TrainConfig:
     checkpoint_every: int = 250
     resume: bool = False
     max_minutes: float = 0.0  # stop cleanly (checkpoint + pipeline) after this much wall time; 0 = no limit
-    clip: str | None = None  # a local CLIP folder (tokenizer + text encoder), kept frozen
+    clip: str | None = None  # a local CLIP folder (tokenizer + text encoder), kept frozen unless text_lr > 0
+    # with clip: > 0 trains that CLIP's text encoder with the U-Net, at this peak rate (same warm-up and schedule),
+    # so a text side pretrained to keep its words apart can still learn which colour goes with which shape
+    text_lr: float = 0.0
     max_length: int = 32
     channels: tuple = (32, 64, 128)
     cross_attention: tuple = (False, True, True)
@@ -130,6 +133,11 @@ class TrainConfig:
             raise FileNotFoundError(f"data folder {self.data} does not exist")
         if self.clip is not None and not Path(self.clip).is_dir():
             raise FileNotFoundError(f"CLIP folder {self.clip} does not exist")
+        if not (math.isfinite(self.text_lr) and self.text_lr >= 0):
+            raise ValueError(f"--text-lr must be a finite number >= 0 (0: the CLIP stays frozen), got {self.text_lr}")
+        if self.text_lr and self.clip is None:
+            raise ValueError(f"--text-lr {self.text_lr} applies only with --clip: a run's own text encoder learns "
+                             "at --lr with the U-Net")
         if not 0 <= self.single_share <= 1:
             raise ValueError(f"single_share must be in [0, 1], got {self.single_share}")
         if not 0 <= self.colourless_share <= 1:
@@ -158,6 +166,11 @@ class TrainConfig:
             raise ValueError(f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}: "
                              "every batch would be short")
         check_seed(self.seed, top=TRAIN_MAX_SEED)
+
+    @property
+    def trains_text(self) -> bool:
+        """Whether training changes the text encoder: its own always, a CLIP's only at a text_lr above 0."""
+        return self.clip is None or self.text_lr > 0
 
 
 def check_resumable(out: Path, steps: int | None = None, flag: str = "--resume") -> None:
@@ -232,7 +245,7 @@ def build_components(cfg: TrainConfig, folder: Path, tokenizer=None):
     `folder`, unless `cfg.clip` or a `tokenizer` (a run's own, as saved) is given."""
     if cfg.clip:
         tokenizer, text_encoder = load_tokenizer(cfg.clip), load_text_encoder(cfg.clip)
-        text_encoder.requires_grad_(False)
+        text_encoder.requires_grad_(cfg.trains_text)
     else:
         if tokenizer is None:
             tokenizer = save_vocabulary(SCENE_WORDS, folder / "tokenizer", cfg.max_length)
@@ -245,16 +258,24 @@ def build_components(cfg: TrainConfig, folder: Path, tokenizer=None):
 
 def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.optim.AdamW, list[str]]:
     """(trained parameters, AdamW, the checkpoint name of each optimizer parameter id): weight decay on the
-    weight matrices only."""
-    named = [(f"unet.{n}", p) for n, p in unet.named_parameters()]
-    named += [(f"text.{n}", p) for n, p in text_encoder.named_parameters() if p.requires_grad]
-    params = [p for _, p in named]
-    # decaying token and position embeddings toward 0 drags rarely seen words and the text encoder drifts
-    decay = [(n, p) for n, p in named if p.dim() >= 2 and "embedding" not in n]
-    no_decay = [(n, p) for n, p in named if all(p is not q for _, q in decay)]
-    optimizer = torch.optim.AdamW([{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
-                                   {"params": [p for _, p in no_decay], "weight_decay": 0.0}], lr=cfg.lr)
-    return params, optimizer, [n for n, _ in decay + no_decay]
+    weight matrices only. Each group's `lr_scale` times the schedule's rate is its learning rate: 1, or
+    text_lr / lr for a CLIP's text encoder (whose groups come last, so a run grown from a frozen one keeps its
+    U-Net's parameter ids)."""
+    unet_named = [(f"unet.{n}", p) for n, p in unet.named_parameters()]
+    text_named = [(f"text.{n}", p) for n, p in text_encoder.named_parameters() if p.requires_grad]
+    parts = [(unet_named + text_named, 1.0)] if cfg.clip is None else [(unet_named, 1.0),
+                                                                      (text_named, cfg.text_lr / cfg.lr)]
+    groups, names = [], []
+    for named, lr_scale in parts:
+        # decaying token and position embeddings toward 0 drags rarely seen words and the text encoder drifts
+        decay = [(n, p) for n, p in named if p.dim() >= 2 and "embedding" not in n]
+        no_decay = [(n, p) for n, p in named if all(p is not q for _, q in decay)]
+        for members, weight_decay in ((decay, cfg.weight_decay), (no_decay, 0.0)):
+            if members:
+                groups.append({"params": [p for _, p in members], "weight_decay": weight_decay, "lr_scale": lr_scale})
+                names += [n for n, _ in members]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    return [p for g in groups for p in g["params"]], optimizer, names
 
 
 def text_replaced(text_encoder, tensors: dict) -> bool:
@@ -274,8 +295,8 @@ def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
     tokenizer = None if cfg.clip else load_tokenizer(folder / "tokenizer")  # the run's own vocabulary
     tokenizer, text_encoder, unet = build_components(cfg, folder, tokenizer)
     tensors, _ = checkpoint.load(folder / "checkpoint.safetensors")
-    frozen_text = [] if cfg.clip else [("ema_text", text_encoder)]  # a frozen text side is its folder's
-    for prefix, module in [("ema", unet), *frozen_text]:
+    trained_text = [("ema_text", text_encoder)] if cfg.trains_text else []  # a frozen text side is its folder's
+    for prefix, module in [("ema", unet), *trained_text]:
         # a folder --grow-from just made holds its source's checkpoint until its first save: grow it here too
         load_weights(module, tensors, prefix, folder / "checkpoint.safetensors")
         module.requires_grad_(False).eval()
@@ -431,7 +452,7 @@ class Trainer:
     def checkpointed_modules(self) -> list[tuple[str, torch.nn.Module]]:
         """What a checkpoint's weights load into, by prefix. A frozen text side (`cfg.clip`) is its folder's, never
         the checkpoint's: a run grown onto it holds its source's own text weights until it first saves."""
-        text = [] if self.cfg.clip else [("text", self.text_encoder), ("ema_text", self.ema_text)]
+        text = [("text", self.text_encoder), ("ema_text", self.ema_text)] if self.cfg.trains_text else []
         return [("unet", self.unet), ("ema", self.ema), *text]
 
     def pipeline(self, ema: bool = True) -> ScenePipeline:
@@ -511,7 +532,7 @@ class Trainer:
     def train_step(self) -> float:
         """One optimizer step on the batch of `self.step`, then the EMA; returns the loss."""
         for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(self.step, self.cfg)
+            g["lr"] = lr_at(self.step, self.cfg) * g["lr_scale"]
         images, captions = self.batch(self.step)
         loss = self.loss(images, captions)
         if not torch.isfinite(loss):

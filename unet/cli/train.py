@@ -32,7 +32,7 @@ from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, res
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
 GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "colourless_share",
           "caption_dropout", "text_variant", "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction",
-          "logit_mean", "logit_std", "layout_every", "layout_seeds")
+          "logit_mean", "logit_std", "layout_every", "layout_seeds", "text_lr")
 
 
 def parse_args(argv=None):
@@ -42,15 +42,16 @@ def parse_args(argv=None):
     p.add_argument("--data", default=None,
                    help="dataset folder written by --make-data (default: draw scenes in memory)")
     p.add_argument("--make-data", metavar="DIR", help="only write --num-samples scenes to DIR and exit")
-    p.add_argument("--clip", default=None, help="local CLIP folder (tokenizer + text encoder) to use frozen")
+    p.add_argument("--clip", default=None,
+                   help="local CLIP folder (tokenizer + text encoder) to use, frozen unless --text-lr is above 0")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
     p.add_argument("--grow-from", metavar="RUN", default=None,
                    help="continue the run folder RUN in the new folder --out, with the changes given among "
                         "--position-embedding, --pooled-text, --self-attention-levels, --single-share, "
                         "--colourless-share, --caption-dropout, --text-variant side-hints, --side-hint-gain, "
                         "--timestep-sampling (with --layout-share, --layout-fraction, --logit-mean, --logit-std), "
-                        "--clip (the U-Net continues on that frozen text side) (everything else as RUN has it); "
-                        "RUN is only read")
+                        "--clip (the U-Net continues on that frozen text side), --text-lr (RUN's CLIP text encoder "
+                        "trains too) (everything else as RUN has it); RUN is only read")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for f in fields(TrainConfig):
         if f.name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from") or isinstance(f.default, tuple):
@@ -130,6 +131,13 @@ def training_config(args) -> TrainConfig:
         raise UsageError(f"--steps {cfg.steps}: {source} is at step {step} already; give --steps above it")
     if args.clip is not None:
         changes["clip"] = frozen_text_side(args.clip, cfg, source, variant)
+    text_lr = changes.get("text_lr", cfg.text_lr)
+    if cfg.text_lr and not text_lr:
+        raise UsageError(f"--text-lr 0: {source} trained its CLIP's text encoder, and a frozen one would be the "
+                         f"folder's {cfg.clip}, losing what it learned")
+    if text_lr and cfg.clip is None and args.clip is not None:
+        raise UsageError(f"--text-lr with --clip {args.clip}: grow {source} onto that frozen CLIP first, then grow "
+                         "that run with --text-lr (the checkpoint's text weights are its source's own until then)")
     return dataclasses.replace(cfg, **changes, grown_from=f"{source}@{step}", resume=False)
 
 
