@@ -57,9 +57,10 @@ def test_epsilon_at_zero_snr_is_refused_and_weights():
 def test_fresh_batches_are_a_function_of_seed_and_step(tmp_path):
     a = Trainer(tiny_config(tmp_path / "a", num_samples=0))
     b = Trainer(tiny_config(tmp_path / "b", num_samples=0))
-    (x1, c1), (x2, c2) = a.batch(7), b.batch(7)
+    (x1, c1, m1), (x2, c2, _) = a.batch(7), b.batch(7)
     assert torch.equal(x1, x2) and c1 == c2
-    x3, c3 = a.batch(8)
+    x3, c3, _ = a.batch(8)
+    assert m1 is None  # masks only for a grounding loss
     assert not torch.equal(x1, x3)
     assert x1.shape == (4, 3, 16, 16) and x1.min() >= -1 and x1.max() <= 1
 
@@ -209,16 +210,15 @@ def test_saved_pipeline_keeps_vocab_and_merges(tiny_pipeline_dir):
 def test_single_share_sets_the_data_mix_and_old_runs_draw_the_same_batches():
     """--single-share 0 draws only pairs, 1 only single objects; the default is the mix every earlier run used."""
     from unet.data import SHAPES
-    from unet.train import TrainConfig, fresh_batch
+    from unet.train import TrainConfig, fresh_scenes
 
     def objects(caption):
         return sum(w in SHAPES for w in caption.split())
-    _, pairs = fresh_batch(0, 7, 64, 32, single_share=0.0)
-    _, singles = fresh_batch(0, 7, 64, 32, single_share=1.0)
+    pairs = [s.caption for s in fresh_scenes(0, 7, 64, 32, single_share=0.0)]
+    singles = [s.caption for s in fresh_scenes(0, 7, 64, 32, single_share=1.0)]
     assert {objects(c) for c in pairs} == {2} and {objects(c) for c in singles} == {1}
-    old_images, old_captions = fresh_batch(0, 7, 16, 32)
-    images, captions = fresh_batch(0, 7, 16, 32, single_share=TrainConfig().single_share)
-    assert torch.equal(old_images, images) and old_captions == captions
+    old, new = fresh_scenes(0, 7, 16, 32), fresh_scenes(0, 7, 16, 32, single_share=TrainConfig().single_share)
+    assert all((a.image == b.image).all() and a.caption == b.caption for a, b in zip(old, new, strict=True))
 
 
 def test_colourless_share_sets_which_pairs_name_no_colours_and_old_runs_draw_the_same_batches():
@@ -226,18 +226,17 @@ def test_colourless_share_sets_which_pairs_name_no_colours_and_old_runs_draw_the
     shape always name their colours (the words must tell the objects apart); the default is every earlier run's
     rule."""
     from unet.data import COLORS, SHAPES
-    from unet.train import TrainConfig, fresh_batch
+    from unet.train import TrainConfig, fresh_scenes
 
     def kinds(captions):  # (names a colour, two different shapes) per caption
         return {(any(w in COLORS for w in c.split()), len({w for w in c.split() if w in SHAPES}) == 2)
                 for c in captions}
-    _, none = fresh_batch(0, 7, 96, 32, single_share=0.0, colourless_share=0.0)
-    _, every = fresh_batch(0, 7, 96, 32, single_share=0.0, colourless_share=1.0)
+    none = [s.caption for s in fresh_scenes(0, 7, 96, 32, single_share=0.0, colourless_share=0.0)]
+    every = [s.caption for s in fresh_scenes(0, 7, 96, 32, single_share=0.0, colourless_share=1.0)]
     assert kinds(none) == {(True, True), (True, False)}
     assert kinds(every) == {(False, True), (True, False)}
-    old_images, old_captions = fresh_batch(0, 7, 64, 32)
-    images, captions = fresh_batch(0, 7, 64, 32, colourless_share=TrainConfig().colourless_share)
-    assert torch.equal(old_images, images) and old_captions == captions
+    old, new = fresh_scenes(0, 7, 64, 32), fresh_scenes(0, 7, 64, 32, colourless_share=TrainConfig().colourless_share)
+    assert all((a.image == b.image).all() and a.caption == b.caption for a, b in zip(old, new, strict=True))
     with pytest.raises(ValueError, match="colourless_share"):
         TrainConfig(colourless_share=1.5).validate()
 

@@ -8,11 +8,16 @@ model can still predict x0 there, where layout and colour are decided.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from diffusers.training_utils import compute_density_for_timestep_sampling
+
+from crossattn.attention import CrossAttention
+from crossattn.capture import layer_hw
+from crossattn.text import prompt_words
 
 TIMESTEP_SAMPLING = ("uniform", "layout-share", "logit-normal")
 
@@ -80,3 +85,54 @@ def lr_at(step: int, cfg) -> float:
         return cfg.lr
     progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def word_masks(scenes: list, captions: list[str], tokenizer) -> torch.Tensor:
+    """(B, T, H, W) float: for each token of a caption that names one of its scene's objects (the object's colour
+    or shape word), that object's visible pixels; zeros for every other token, and for a caption dropped to ""
+    (`captions` are the ones trained on, `scenes` the ones drawn)."""
+    T = tokenizer.model_max_length
+    H, W = scenes[0].image.shape[:2]
+    masks = torch.zeros(len(scenes), T, H, W)
+    for b, (scene, caption) in enumerate(zip(scenes, captions)):
+        if caption != scene.caption:
+            continue
+        for word in prompt_words(tokenizer, caption):
+            if word.index in scene.word_objects:
+                for position in word.tokens:
+                    masks[b, position] = torch.from_numpy(scene.objects[scene.word_objects[word.index]].mask)
+    return masks
+
+
+@contextmanager
+def cross_attention_weights(unet):
+    """Collect the softmax weights (B, heads, N, T) of every cross-attention forward of `unet` inside the block,
+    with their gradients (the explicit path runs instead of the fused kernel: the same sums)."""
+    layers = [m for m in unet.modules() if isinstance(m, CrossAttention) and m.is_cross_attention]
+    found: list[torch.Tensor] = []
+    for layer in layers:
+        layer.observer = lambda _, weights: found.append(weights)
+    try:
+        yield found
+    finally:
+        for layer in layers:
+            layer.observer = None
+
+
+def grounding_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> torch.Tensor:
+    """The token loss of TokenCompose (Wang et al. 2024): for every token that names an object, (1 - the share
+    of its cross-attention that falls on that object's pixels)^2, averaged over those tokens, then over layers.
+
+    weights: each layer's (B, heads, N, T); masks: `word_masks`' (B, T, H, W). A word's attention has to land on
+    its own object, so the two objects of a pair cannot both read one shape word (the commonest two-object miss
+    is one shape drawn twice: docs/experiments/why-the-second-object-goes-missing.md)."""
+    B, T, H, W = masks.shape
+    named = masks.flatten(2).sum(-1) > 0  # (B, T): tokens with an object on the image
+    per_layer = []
+    for w in weights:
+        a = w.mean(1)  # (B, N, T), heads averaged
+        h, wd = layer_hw(a.shape[1], (H, W))
+        m = F.adaptive_avg_pool2d(masks, (h, wd)).flatten(2).transpose(1, 2)  # (B, N, T): object share per query
+        inside = (a * m).sum(1) / a.sum(1).clamp_min(1e-12)  # (B, T): share of each token's attention on it
+        per_layer.append(((1 - inside) ** 2)[named].mean() if named.any() else a.sum() * 0)
+    return torch.stack(per_layer).mean()

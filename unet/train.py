@@ -33,7 +33,16 @@ from .folders import partial_folder, publish, remove_stale_temp_files
 from .growth import load_weights, remap_moments
 from .model import UNet
 from .pipeline import ScenePipeline, check_seed, make_scheduler
-from .recipe import TIMESTEP_SAMPLING, diffusion_loss, lr_at, noise_scheduler, sample_timesteps
+from .recipe import (
+    TIMESTEP_SAMPLING,
+    cross_attention_weights,
+    diffusion_loss,
+    grounding_loss,
+    lr_at,
+    noise_scheduler,
+    sample_timesteps,
+    word_masks,
+)
 from .signals import DeferredSignals
 from .text_variants import TEXT_VARIANTS, text_side
 
@@ -86,6 +95,9 @@ class TrainConfig:
     # with clip: > 0 trains that CLIP's text encoder with the U-Net, at this peak rate (same warm-up and schedule),
     # so a text side pretrained to keep its words apart can still learn which colour goes with which shape
     text_lr: float = 0.0
+    # > 0: add this times the grounding loss (recipe.grounding_loss, TokenCompose's): each word that names an object
+    # attends to that object's pixels in the drawn scene's masks (fresh scenes only: a dataset folder keeps none)
+    grounding_weight: float = 0.0
     max_length: int = 32
     channels: tuple = (32, 64, 128)
     cross_attention: tuple = (False, True, True)
@@ -135,6 +147,11 @@ class TrainConfig:
             raise FileNotFoundError(f"CLIP folder {self.clip} does not exist")
         if not (math.isfinite(self.text_lr) and self.text_lr >= 0):
             raise ValueError(f"--text-lr must be a finite number >= 0 (0: the CLIP stays frozen), got {self.text_lr}")
+        if not (math.isfinite(self.grounding_weight) and self.grounding_weight >= 0):
+            raise ValueError(f"--grounding-weight must be a finite number >= 0 (0: none), got {self.grounding_weight}")
+        if self.grounding_weight and (self.data is not None or self.num_samples):
+            raise ValueError("--grounding-weight needs fresh scenes (no --data, --num-samples 0): the object masks it "
+                             "trains on are drawn with each batch, and a dataset folder keeps none")
         if self.text_lr and self.clip is None:
             raise ValueError(f"--text-lr {self.text_lr} applies only with --clip: a run's own text encoder learns "
                              "at --lr with the U-Net")
@@ -315,16 +332,13 @@ def training_data(cfg: TrainConfig) -> SceneDataset | None:
     return None
 
 
-def fresh_batch(seed: int, step: int, batch_size: int, size: int, single_share: float = 0.4,
-                colourless_share: float = 0.2) -> tuple[torch.Tensor, list[str]]:
-    """`batch_size` new scenes drawn from (seed, step): images (B, 3, H, W) uint8 and captions.
-
-    Cheap (a few ms per scene) and never repeated, and a resumed run draws exactly the batches it would have.
-    """
+def fresh_scenes(seed: int, step: int, batch_size: int, size: int, single_share: float = 0.4,
+                 colourless_share: float = 0.2) -> list:
+    """`batch_size` new scenes (images, captions, masks) drawn from (seed, step): cheap (a few ms per scene) and
+    never repeated, and a resumed run draws exactly the batches it would have."""
     sampler = SceneSampler(seed=(seed, step), height=size, width=size, split="train", p_single=single_share,
                            p_colourless=colourless_share)
-    scenes = [sampler() for _ in range(batch_size)]
-    return scenes_to_tensor(scenes), [s.caption for s in scenes]
+    return [sampler() for _ in range(batch_size)]
 
 
 class NonFiniteLoss(ArithmeticError):
@@ -373,11 +387,13 @@ class Trainer:
         self.ema_text.to(self.accelerator.device)
 
     # --- data: the batch at a step is a function of (seed, step), so a resumed run sees the same batches
-    def batch(self, step: int):
+    def batch(self, step: int) -> tuple[torch.Tensor, list[str], torch.Tensor | None]:
+        """Images, captions (some dropped to "") and, with a grounding loss, `word_masks` (else None)."""
         cfg = self.cfg
+        scenes = None
         if self.dataset is None:
-            images, captions = fresh_batch(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share,
-                                           cfg.colourless_share)
+            scenes = fresh_scenes(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share, cfg.colourless_share)
+            images, captions = scenes_to_tensor(scenes), [s.caption for s in scenes]
         else:
             n = len(self.dataset)
             per_epoch = max(1, n // cfg.batch_size)
@@ -390,9 +406,10 @@ class Trainer:
         images, captions = to_model_range(images[part]), captions[part]
         coin = torch.rand(len(captions), generator=torch.Generator().manual_seed(cfg.seed + step))
         captions = ["" if drop else c for drop, c in zip((coin < cfg.caption_dropout).tolist(), captions)]
-        return images, captions
+        masks = word_masks(scenes[part], captions, self.tokenizer) if cfg.grounding_weight else None
+        return images, captions, masks
 
-    def loss(self, images: torch.Tensor, captions: list[str]) -> torch.Tensor:
+    def loss(self, images: torch.Tensor, captions: list[str], masks: torch.Tensor | None = None) -> torch.Tensor:
         device = self.accelerator.device
         ids = self.tokenizer(captions, padding="max_length", max_length=self.tokenizer.model_max_length,
                              truncation=True, return_tensors="pt").input_ids.to(device)
@@ -400,8 +417,13 @@ class Trainer:
         noise = torch.randn(images.shape, generator=self.noise_gen).to(device)
         t = sample_timesteps(self.cfg, len(images), self.scheduler.config.num_train_timesteps, self.noise_gen)
         images, t = images.to(device), t.to(device)
-        return diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
-                              self.cfg.min_snr_gamma)
+        if masks is None:
+            return diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
+                                  self.cfg.min_snr_gamma)
+        with cross_attention_weights(self.accelerator.unwrap_model(self.unet)) as weights:
+            loss = diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
+                                  self.cfg.min_snr_gamma)
+        return loss + self.cfg.grounding_weight * grounding_loss(weights, masks.to(device))
 
     @torch.no_grad()
     def update_ema(self):
@@ -533,8 +555,7 @@ class Trainer:
         """One optimizer step on the batch of `self.step`, then the EMA; returns the loss."""
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.step, self.cfg) * g["lr_scale"]
-        images, captions = self.batch(self.step)
-        loss = self.loss(images, captions)
+        loss = self.loss(*self.batch(self.step))
         if not torch.isfinite(loss):
             raise NonFiniteLoss(self.step + 1, f"the loss is {loss.item()}", self.saved_step)
         self.optimizer.zero_grad(set_to_none=True)
