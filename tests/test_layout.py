@@ -166,3 +166,10 @@ def test_two_object_diagnosis_samples_what_fresh_seeds_scores_and_sorts_its_miss
     assert summary["misses by what was drawn"] == {"asked circle + square, drawn circle": 1,
                                                    "asked circle + square, drawn square": 1,
                                                    "asked circle + square, drawn square + square": 1}
+
+
+def test_diagnose_refuses_a_seed_count_below_one_before_loading_a_model(tmp_path, capsys):
+    from unet.research import diagnose
+    assert diagnose.main(["two-objects", "--out", str(tmp_path / "d"), "--seeds", "0"]) == 2
+    assert "--seeds must be a positive integer, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()

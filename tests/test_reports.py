@@ -44,10 +44,19 @@ def test_quick_evaluation_writes_well_formed_report(tiny_pipeline_dir, tmp_path)
     assert all(-1 <= v <= 1 for v in pf["relation_word_similarity"].values())
     assert pf["relation_word_similarity"]["left/right"] < 0.999  # a barely trained encoder still tells them apart
     md = (out / "report.md").read_text()
+    assert report["model"] == str(tiny_pipeline_dir) and md.startswith(f"# Evaluation of {tiny_pipeline_dir} (")
     assert "| overall" in md.replace("**", "") and "daam" in md and "Relation response" in md and "paired" in md
     assert "## Layout response" in md and "| on the top/on the bottom |" in md and "## Key separation" in md
     assert "| text encoder output (before the Keys) |" in md
     assert Image.open(out / "tasks.png").width > 300
+
+
+def test_a_report_of_the_shipped_model_says_where_it_lives():
+    from unet.pipeline import PRETRAINED, model_label
+    label = model_label(None)
+    where = label[label.index("(") + 1:-1]
+    assert label.startswith("shipped scenes-32") and (PRETRAINED.parents[2] / where) == PRETRAINED
+    assert (PRETRAINED / "model_index.json").is_file() and model_label("runs/v3") == "runs/v3"
 
 
 def test_prompt_following_on_constructed_records():

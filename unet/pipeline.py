@@ -78,6 +78,12 @@ PRETRAINED = Path(__file__).parent / "pretrained" / "scenes-32"
 TRAINED_WORDS = "trained_words.json"
 
 
+def model_label(model: str | Path | None) -> str:
+    """What a report calls the model it measured: the folder given, or the shipped one and where it lives (the
+    shipped model changes when a better one ships: with the report's date, the path says which it was)."""
+    return str(model) if model else f"shipped {PRETRAINED.name} ({PRETRAINED.relative_to(PRETRAINED.parents[2])})"
+
+
 def make_scheduler(name: str, config) -> object:
     """A sampling scheduler by name ('ddim', 'dpm' for DPM-Solver++, 'ddpm') from a scheduler config."""
     if name not in SCHEDULERS:

@@ -16,7 +16,7 @@ import torch
 
 from unet.cli import UsageError, usage_error
 from unet.eval.benchmark import run_benchmark
-from unet.pipeline import load_pipeline
+from unet.pipeline import load_pipeline, model_label
 
 
 def table(r: dict) -> str:
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     result["machine"] = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                          "torch": torch.__version__, "threads": torch.get_num_threads(),
                          "device": str(pipe.device)}
-    result["model"] = str(args.model or "shipped")
+    result["model"] = model_label(args.model)
     result["date"] = datetime.datetime.now().isoformat(timespec="seconds")
     out = Path(args.out) if args.out else Path("outputs/bench") / datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ from unet.eval.layout import COMBOS, POSITION_PAIRS, key_separation, layout_prom
 from unet.eval.prompts import PAIRED_AXES, TASKS, eval_prompts
 from unet.eval.report import check_readme, layout_markdown, refresh_readme, relations_markdown, write
 from unet.folders import WRITE_ERRORS, write_failed
-from unet.pipeline import SCHEDULERS, default_guidance, load_pipeline
+from unet.pipeline import SCHEDULERS, default_guidance, load_pipeline, model_label
 from unet.train import run_pipeline
 
 
@@ -204,7 +204,7 @@ def evaluation_main(pipe, args) -> int:
     report, records, batches, selection = run_evaluation(
         pipe, seeds=args.seeds, steps=args.steps, guidance=args.guidance, dataset_images=args.dataset_images,
         dataset_timestep=args.dataset_timestep, quick=args.quick, progress=not args.quiet)
-    report["model"] = str(args.model or "shipped")
+    report["model"] = model_label(args.model)
     report["settings"]["scheduler"] = args.scheduler
     report["settings"]["guidance_max_t"] = pipe.config.get("guidance_max_t")
     report["date"] = datetime.date.today().isoformat()
@@ -224,7 +224,7 @@ def relations_main(pipe, args) -> int:
     """`--relations-only`: the paired relation response, the relation words' similarity, the layout response and
     the key separation, as report.json and report.md."""
     guidance = default_guidance(pipe) if args.guidance is None else args.guidance
-    report = {"model": str(args.model or "shipped"), "date": datetime.date.today().isoformat(),
+    report = {"model": model_label(args.model), "date": datetime.date.today().isoformat(),
               "settings": {"seeds": args.seeds, "steps": args.steps, "guidance": guidance,
                            "scheduler": args.scheduler, "relations_only": True},
               "relation_response_paired": paired_relations(pipe, args.seeds, args.steps, guidance),
@@ -248,7 +248,7 @@ def fresh_seeds_main(pipe, args) -> int:
     """`--fresh-seeds BASE`: prompt following alone on other noise, as report.json and report.md."""
     result = prompt_following_on_fresh_seeds(pipe, args.seeds, args.fresh_seeds, args.steps, args.guidance,
                                              tuple(args.tasks), progress=not args.quiet)
-    report = {"model": str(args.model or "shipped"), "date": datetime.date.today().isoformat(),
+    report = {"model": model_label(args.model), "date": datetime.date.today().isoformat(),
               "prompt_following": result}
     lines = [f"# Prompt following of {report['model']} on fresh seeds ({report['date']})", "",
              f"{args.seeds} images per prompt from seed {args.fresh_seeds}, {args.steps} DDIM steps, guidance "
@@ -270,7 +270,7 @@ def control_main(pipe, args) -> int:
     date = datetime.date.today().isoformat()
     report, records = run_control_evaluation(pipe, args.control, args.seeds, args.steps, args.guidance, args.quick,
                                              args.reweight_factor, progress=not args.quiet)
-    report["model"], report["date"] = str(args.model or "shipped"), date
+    report["model"], report["date"] = model_label(args.model), date
     title = f"Control by {args.control}: {report['model']} ({date})"
     out = publish_report(args, lambda folder: write_control(report, records, folder, title))
     if args.control == "edit":

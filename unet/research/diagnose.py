@@ -4,7 +4,7 @@
     python scripts/diagnose.py grain --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py unconditional --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py words --model PATH --out outputs/examples/diagnosis/NAME
-    python scripts/diagnose.py two-objects --model PATH --seeds 24 --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py two-objects --model PATH --out outputs/examples/diagnosis/NAME
 
 first-step: for single-object colour prompts, samples the same seeds twice: with trailing DDIM, whose first step is
 t = T (for an epsilon model at ~zero SNR, the x0 estimate there is noise amplified by 1/sqrt(alpha_bar)),
@@ -19,7 +19,7 @@ before the final LayerNorm (does one massive dimension cause the merge, or the w
 two-objects: when a prompt with two objects is missed, what was drawn, and did the x0 estimate ever show both
 objects right? The evaluation's two-object and colour-attribution prompts are sampled exactly as `evaluate.py
 --fresh-seeds 50000` samples them (same batches, same noise: the same images), and the detector reads the
-final image and the x0 estimate of every step. Unguided models only. Use --seeds 24 to match the fresh seeds.
+final image and the x0 estimate of every step. Unguided models only. Its default of 24 seeds matches those fresh seeds.
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -39,7 +39,7 @@ from unet.cli import UsageError, usage_error
 from unet.data import COLORS, SHAPES
 from unet.eval.detect import detect
 from unet.eval.prompts import background_grain
-from unet.pipeline import default_guidance, load_pipeline, make_scheduler
+from unet.pipeline import default_guidance, load_pipeline, make_scheduler, model_label
 
 
 def first_step_x0(pipe, prompts, seed: int, guidance: float) -> dict:
@@ -221,18 +221,22 @@ def main(argv=None) -> int:
     p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects"])
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", required=True, help="folder for <what>.json")
-    p.add_argument("--seeds", type=int, default=4, help="seeds per prompt (default 4; two-objects: give 24 to "
-                   "sample the images of evaluate.py --fresh-seeds 50000 --seeds 24)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per prompt (default 4; two-objects: 24, the "
+                   "images of evaluate.py --fresh-seeds 50000 --seeds 24)")
     p.add_argument("--guidance", type=float, default=None,
                    help="first-step: guidance of the x0 estimate (default: the model's own)")
     args = p.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = 24 if args.what == "two-objects" else 4
+    if args.seeds < 1:
+        return usage_error(UsageError(f"--seeds must be a positive integer, got {args.seeds}"))
     try:
         pipe = load_pipeline(args.model)
     except UsageError as e:
         return usage_error(e)
     colours = [c for c in COLORS for _ in SHAPES]
     prompts = [f"a {c} {s}" for c in COLORS for s in SHAPES]
-    result = {"model": str(args.model or "shipped"), "prediction_type": pipe.scheduler.config.prediction_type}
+    result = {"model": model_label(args.model), "prediction_type": pipe.scheduler.config.prediction_type}
     if args.what == "first-step":
         result.update(first_step=first_step_x0(pipe, prompts, 0, default_guidance(pipe) if args.guidance is None
                                                               else args.guidance),
