@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
+from crossattn.capture import AttentionStore
 from crossattn.text import prompt_words
 from unet.data import SceneSampler
 from unet.recipe import cross_attention_weights, grounding_loss, word_masks
@@ -25,12 +26,12 @@ def test_word_masks_put_each_objects_pixels_on_its_colour_and_shape_tokens(pair_
     assert scene.caption == "a red circle left of a blue square"
     masks = word_masks([scene, scene], [scene.caption, ""], trainer.tokenizer)  # the second caption was dropped
     assert masks.shape == (2, trainer.tokenizer.model_max_length, 16, 16)
-    tokens = {w.text: w.tokens for w in prompt_words(trainer.tokenizer, scene.caption)}
+    assert [w.tokens for w in prompt_words(trainer.tokenizer, scene.caption)] == [[i] for i in range(1, 9)]
     circle, square = (torch.from_numpy(o.mask).float() for o in scene.objects)
-    for word, mask in (("red", circle), ("circle", circle), ("blue", square), ("square", square)):
-        assert all(torch.equal(masks[0, t], mask) for t in tokens[word])
-    named = {t for w in ("red", "circle", "blue", "square") for t in tokens[w]}
-    assert all(masks[0, t].sum() == 0 for t in range(masks.shape[1]) if t not in named)  # "a", "left", start...
+    # position 0 is the start token: "a"=1, "red"=2, "circle"=3, "left"=4, "of"=5, "a"=6, "blue"=7, "square"=8
+    for position, mask in ((2, circle), (3, circle), (7, square), (8, square)):
+        assert torch.equal(masks[0, position], mask)
+    assert all(masks[0, t].sum() == 0 for t in range(masks.shape[1]) if t not in (2, 3, 7, 8))
     assert masks[1].sum() == 0 and circle.sum() > 0 and square.sum() > 0
 
 
@@ -67,6 +68,12 @@ def test_the_weights_are_collected_with_their_gradient_and_the_model_restored(pa
         trainer.loss(images, captions)
     assert weights and all(w.requires_grad and w.shape[-1] == trainer.tokenizer.model_max_length for w in weights)
     assert all(m.observer is None for m in trainer.unet.modules() if hasattr(m, "observer"))
+    store = AttentionStore()  # one attached before: it sees every weight too, and stays attached
+    store.attach(trainer.unet)
+    with torch.no_grad(), cross_attention_weights(trainer.unet) as weights:
+        trainer.loss(images, captions)
+    observers = [m.observer for m in trainer.unet.modules() if getattr(m, "is_cross_attention", False)]
+    assert store.passes() == len(weights) == len(observers) > 0 and all(o is not None for o in observers)
 
 
 def test_training_with_grounding_moves_the_attention_onto_the_objects(tmp_path):

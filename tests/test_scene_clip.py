@@ -273,6 +273,7 @@ def test_a_run_training_its_clip_resumes_exactly(on_clip, tmp_path):
     (["--text-lr", "1e-4"], "applies only with --clip"),
     (["--text-lr", "-1"], "--text-lr must be a finite number >= 0"),
     (["--text-lr", "1e-4", "--clip", "CLIP"], "grow"),
+    (["--text-lr", "1e-4", "--text-variant", "side-hints"], "applies only with --clip"),
 ])
 def test_a_text_lr_is_refused_where_it_would_not_train_the_clip_it_names(source_run, scene_clip, tmp_path, capsys,
                                                                         args, message):
@@ -291,3 +292,29 @@ def test_freezing_a_trained_clip_again_is_refused(on_clip, tmp_path, capsys):
     assert train_script.main(["--out", str(out), "--grow-from", str(trained), "--text-lr", "0", "--steps", "7",
                               "--quiet"]) == 2
     assert "losing what it learned" in capsys.readouterr().err and not out.exists()
+
+
+def test_side_hints_on_a_frozen_clip_train_at_the_runs_rate_and_resume_from_the_checkpoint(on_clip, tmp_path, capsys):
+    from unet import checkpoint
+    grown = tmp_path / "hints"
+    assert train_script.main(["--out", str(grown), "--grow-from", str(on_clip), "--text-variant", "side-hints",
+                              "--steps", "7", "--quiet"]) == 0
+    saved, _ = checkpoint.load(grown / "checkpoint.safetensors")
+    assert saved["text.side_hint.weight"].abs().sum() > 0  # trained from zero, at --lr
+    trainer = Trainer(dataclasses.replace(train_script.training_config(
+        train_script.parse_args(["--out", str(grown), "--resume", "--steps", "8"])), resume=True))
+    assert torch.equal(trainer.text_encoder.side_hint.weight, saved["text.side_hint.weight"])
+    assert torch.equal(run_pipeline(grown).text_encoder.side_hint.weight, saved["ema_text.side_hint.weight"])
+    assert all(g["lr_scale"] == 1.0 for g in trainer.optimizer.param_groups)
+    hint = trainer.param_names.index("text.side_hint.weight")
+    assert trainer.optimizer.state_dict()["state"][hint]["exp_avg"].abs().sum() > 0  # its moments came back too
+
+
+def test_growing_from_a_folder_that_never_saved_a_step_of_its_own_is_refused(on_clip, scene_clip, tmp_path, capsys):
+    fresh = tmp_path / "fresh"
+    train_script.start_grown(train_script.training_config(train_script.parse_args(
+        ["--out", str(fresh), "--grow-from", str(on_clip), "--steps", "9"])), on_clip)  # as a run killed at once
+    out = tmp_path / "again"
+    assert train_script.main(["--out", str(out), "--grow-from", str(fresh), "--text-lr", "1e-4", "--steps", "9",
+                              "--quiet"]) == 2
+    assert "has not saved a step of its own" in capsys.readouterr().err and not out.exists()

@@ -110,13 +110,19 @@ def cross_attention_weights(unet):
     with their gradients (the explicit path runs instead of the fused kernel: the same sums)."""
     layers = [m for m in unet.modules() if isinstance(m, CrossAttention) and m.is_cross_attention]
     found: list[torch.Tensor] = []
-    for layer in layers:
-        layer.observer = lambda _, weights: found.append(weights)
+    attached = [layer.observer for layer in layers]  # an AttentionStore's, say: it sees the weights too
+
+    def observe(layer, weights, before):
+        found.append(weights)
+        if before is not None:
+            before(layer, weights)
+    for layer, before in zip(layers, attached):
+        layer.observer = lambda module, weights, before=before: observe(module, weights, before)
     try:
         yield found
     finally:
-        for layer in layers:
-            layer.observer = None
+        for layer, before in zip(layers, attached):
+            layer.observer = before
 
 
 def grounding_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> torch.Tensor:

@@ -155,6 +155,9 @@ class TrainConfig:
         if self.text_lr and self.clip is None:
             raise ValueError(f"--text-lr {self.text_lr} applies only with --clip: a run's own text encoder learns "
                              "at --lr with the U-Net")
+        if self.text_lr and self.text_variant != "clip":
+            raise ValueError(f"--text-lr {self.text_lr} trains the CLIP's own encoder; --text-variant "
+                             f"{self.text_variant} is an ablation on a frozen one")
         if not 0 <= self.single_share <= 1:
             raise ValueError(f"single_share must be in [0, 1], got {self.single_share}")
         if not 0 <= self.colourless_share <= 1:
@@ -188,6 +191,12 @@ class TrainConfig:
     def trains_text(self) -> bool:
         """Whether training changes the text encoder: its own always, a CLIP's only at a text_lr above 0."""
         return self.clip is None or self.text_lr > 0
+
+    @property
+    def text_checkpointed(self) -> bool:
+        """Whether the text side's weights come from the checkpoint: all but a frozen CLIP alone, which is its
+        folder's (an ablation's parts on a frozen CLIP, such as the side-hint table, train and are saved)."""
+        return self.trains_text or self.text_variant != "clip"
 
 
 def check_resumable(out: Path, steps: int | None = None, flag: str = "--resume") -> None:
@@ -280,8 +289,9 @@ def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.o
     U-Net's parameter ids)."""
     unet_named = [(f"unet.{n}", p) for n, p in unet.named_parameters()]
     text_named = [(f"text.{n}", p) for n, p in text_encoder.named_parameters() if p.requires_grad]
-    parts = [(unet_named + text_named, 1.0)] if cfg.clip is None else [(unet_named, 1.0),
-                                                                      (text_named, cfg.text_lr / cfg.lr)]
+    # the trained text: a run's own encoder, or an ablation's parts on a frozen CLIP, at --lr; a CLIP at --text-lr
+    parts = ([(unet_named, 1.0), (text_named, cfg.text_lr / cfg.lr)] if cfg.clip and cfg.text_lr
+             else [(unet_named + text_named, 1.0)])
     groups, names = [], []
     for named, lr_scale in parts:
         # decaying token and position embeddings toward 0 drags rarely seen words and the text encoder drifts
@@ -312,8 +322,8 @@ def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
     tokenizer = None if cfg.clip else load_tokenizer(folder / "tokenizer")  # the run's own vocabulary
     tokenizer, text_encoder, unet = build_components(cfg, folder, tokenizer)
     tensors, _ = checkpoint.load(folder / "checkpoint.safetensors")
-    trained_text = [("ema_text", text_encoder)] if cfg.trains_text else []  # a frozen text side is its folder's
-    for prefix, module in [("ema", unet), *trained_text]:
+    text = [("ema_text", text_encoder)] if cfg.text_checkpointed else []  # a frozen CLIP alone is its folder's
+    for prefix, module in [("ema", unet), *text]:
         # a folder --grow-from just made holds its source's checkpoint until its first save: grow it here too
         load_weights(module, tensors, prefix, folder / "checkpoint.safetensors")
         module.requires_grad_(False).eval()
@@ -474,7 +484,7 @@ class Trainer:
     def checkpointed_modules(self) -> list[tuple[str, torch.nn.Module]]:
         """What a checkpoint's weights load into, by prefix. A frozen text side (`cfg.clip`) is its folder's, never
         the checkpoint's: a run grown onto it holds its source's own text weights until it first saves."""
-        text = [("text", self.text_encoder), ("ema_text", self.ema_text)] if self.cfg.trains_text else []
+        text = [("text", self.text_encoder), ("ema_text", self.ema_text)] if self.cfg.text_checkpointed else []
         return [("unet", self.unet), ("ema", self.ema), *text]
 
     def pipeline(self, ema: bool = True) -> ScenePipeline:

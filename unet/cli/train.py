@@ -106,6 +106,10 @@ def training_config(args) -> TrainConfig:
     saved = json.loads((source / "train_config.json").read_text())
     cfg = resumed_config(TrainConfig(out=args.out, steps=args.steps, max_minutes=args.max_minutes), saved)
     step = checkpoint.read_metadata(source / "checkpoint.safetensors")[0]["step"]
+    if cfg.grown_from is not None and cfg.grown_from.rsplit("@", 1)[-1] == step:
+        raise UsageError(f"{source} was grown from {cfg.grown_from} and has not saved a step of its own: its "
+                         f"checkpoint's text weights may still be its source's; train {source} first, or grow "
+                         "from its source")
     changes = {name: values[name] for name in GROWTH if values.get(name) is not None}
     if args.self_attention_levels is not None:
         flags = self_attention_flags(args.self_attention_levels, len(cfg.channels))
