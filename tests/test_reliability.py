@@ -136,11 +136,11 @@ def test_resume_to_a_step_already_reached_is_refused(tmp_path, capsys, steps, me
 
 # --- 3. checkpoint integrity
 def test_committed_parts_join_and_resume_where_the_run_stopped(tmp_path):
-    """The training checkpoint the repository carries (outputs/examples/training/checkpoint-words) joins, checks
-    and resumes, on the frozen text side its config names."""
+    """The training checkpoint the repository carries (outputs/examples/training/checkpoint-text-lr-grounding) joins,
+    checks and resumes, with the CLIP folder its config names."""
     from unet.cli import checkpoint_parts
     from unet.train import TrainConfig, Trainer
-    parts = ROOT / "outputs" / "examples" / "training" / "checkpoint-words"
+    parts = ROOT / "outputs" / "examples" / "training" / "checkpoint-text-lr-grounding"
     run = tmp_path / "words"
     run.mkdir()
     config = json.loads((parts / "train_config.json").read_text())
