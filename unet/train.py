@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -427,13 +428,11 @@ class Trainer:
         noise = torch.randn(images.shape, generator=self.noise_gen).to(device)
         t = sample_timesteps(self.cfg, len(images), self.scheduler.config.num_train_timesteps, self.noise_gen)
         images, t = images.to(device), t.to(device)
-        if masks is None:
-            return diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
-                                  self.cfg.min_snr_gamma)
-        with cross_attention_weights(self.accelerator.unwrap_model(self.unet)) as weights:
+        watch = nullcontext([]) if masks is None else cross_attention_weights(self.accelerator.unwrap_model(self.unet))
+        with watch as weights:
             loss = diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
                                   self.cfg.min_snr_gamma)
-        return loss + self.cfg.grounding_weight * grounding_loss(weights, masks.to(device))
+        return loss if masks is None else loss + self.cfg.grounding_weight * grounding_loss(weights, masks.to(device))
 
     @torch.no_grad()
     def update_ema(self):
