@@ -20,6 +20,7 @@ from crossattn.capture import layer_hw
 from crossattn.text import prompt_words
 
 TIMESTEP_SAMPLING = ("uniform", "layout-share", "logit-normal")
+LR_SCHEDULES = ("constant", "cosine", "cooldown")  # see lr_at
 
 
 def noise_scheduler(prediction_type: str = "v_prediction", zero_terminal_snr: bool = True) -> DDPMScheduler:
@@ -73,16 +74,21 @@ def diffusion_loss(unet, scheduler: DDPMScheduler, images: torch.Tensor, context
 
 
 def lr_at(step: int, cfg) -> float:
-    """Linear warm-up, then constant or cosine decay from lr to min_lr.
+    """Linear warm-up, then constant, cosine decay from lr to min_lr at cfg.steps, or a cooldown: constant, then
+    linearly to min_lr over cfg.decay_steps from cfg.decay_start, then min_lr.
 
     A cosine schedule depends on the run's length, so extending a run with --resume restarts it high:
     that warm restart was one cause of the colour collapse in longer training
-    (docs/experiments/longer-training-colour-collapse.md).
+    (docs/experiments/longer-training-colour-collapse.md). A cooldown does not: it is fixed in steps, so a long
+    constant run can be grown into one at any step (warmup-stable-decay, Hägele et al. 2024, arXiv 2405.18392).
     """
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     if cfg.lr_schedule == "constant":
         return cfg.lr
+    if cfg.lr_schedule == "cooldown":
+        progress = min(1.0, max(0.0, (step - cfg.decay_start) / cfg.decay_steps))
+        return cfg.lr + (cfg.min_lr - cfg.lr) * progress
     progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 

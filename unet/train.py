@@ -35,6 +35,7 @@ from .growth import load_weights, remap_moments
 from .model import UNet
 from .pipeline import ScenePipeline, check_seed, make_scheduler
 from .recipe import (
+    LR_SCHEDULES,
     TIMESTEP_SAMPLING,
     cross_attention_weights,
     diffusion_loss,
@@ -61,8 +62,11 @@ class TrainConfig:
     steps: int = 3500
     batch_size: int = 32
     lr: float = 6e-4
-    lr_schedule: str = "constant"  # "constant" after warm-up (a resumed or extended run has no restart) or "cosine"
-    min_lr: float = 1e-4  # end of the cosine schedule
+    lr_schedule: str = "constant"  # "constant" after warm-up (a resumed or extended run has no restart), "cosine"
+    # (to min_lr at `steps`) or "cooldown" (constant, then linearly to min_lr over decay_steps from decay_start)
+    min_lr: float = 1e-4  # end of the cosine and cooldown schedules
+    decay_start: int = 0  # cooldown only: the step the decay begins at
+    decay_steps: int = 0  # cooldown only: its length; then min_lr. Fixed in steps, so extending the run keeps it
     warmup: int = 100
     weight_decay: float = 0.01  # on weight matrices only: never on embeddings, norms or biases
     grad_clip: float = 1.0
@@ -140,8 +144,16 @@ class TrainConfig:
         if not (math.isfinite(self.logit_mean) and math.isfinite(self.logit_std) and self.logit_std > 0):
             raise ValueError(f"--logit-mean must be finite and --logit-std finite and > 0, got {self.logit_mean} "
                              f"and {self.logit_std}")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if self.lr_schedule == "cooldown" and not (self.decay_start >= self.warmup and self.decay_steps > 0):
+            raise ValueError(f"--lr-schedule cooldown needs --decay-start at or after the warm-up ({self.warmup}) and "
+                             f"--decay-steps > 0, got {self.decay_start} and {self.decay_steps}")
+        if self.lr_schedule != "cooldown" and (self.decay_start or self.decay_steps):
+            raise ValueError(f"--decay-start and --decay-steps apply only with --lr-schedule cooldown, not "
+                             f"{self.lr_schedule}")
+        if self.lr_schedule != "constant" and self.min_lr > self.lr:
+            raise ValueError(f"--min-lr {self.min_lr} is above --lr {self.lr}: a decay must go down")
         if self.data is not None and not Path(self.data).is_dir():
             raise FileNotFoundError(f"data folder {self.data} does not exist")
         if self.clip is not None and not Path(self.clip).is_dir():

@@ -1,0 +1,72 @@
+"""Learning-rate schedules: a cooldown (constant, then linearly down to min_lr over a fixed number of steps) that a
+long constant run can be grown into at any step, which resumes exactly and which extending the run never restarts."""
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from unet.cli import train as train_script
+from unet.recipe import lr_at
+from unet.train import TrainConfig, Trainer
+
+
+def cooldown(**kw):
+    cfg = TrainConfig(lr=6e-4, min_lr=1e-4, warmup=10, lr_schedule="cooldown", decay_start=100, decay_steps=50,
+                      **kw)
+    cfg.validate()
+    return cfg
+
+
+def test_cooldown_holds_then_falls_linearly_to_min_lr_and_stays_there():
+    cfg = cooldown()
+    assert lr_at(5, cfg) == pytest.approx(6e-4 * 6 / 10)  # warm-up as before
+    assert lr_at(99, cfg) == lr_at(100, cfg) == pytest.approx(6e-4)
+    assert lr_at(125, cfg) == pytest.approx(3.5e-4)  # half way down
+    assert lr_at(150, cfg) == lr_at(10_000, cfg) == pytest.approx(1e-4)
+    rates = [lr_at(s, cfg) for s in range(100, 151)]
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+
+
+def test_cooldown_does_not_depend_on_the_run_length():
+    """Extending a cooldown run (--resume --steps more) must not move its rate, as a cosine's would."""
+    short, long = cooldown(steps=200), cooldown(steps=5000)
+    assert [lr_at(s, short) for s in range(0, 200, 7)] == [lr_at(s, long) for s in range(0, 200, 7)]
+
+
+@pytest.mark.parametrize("setting, message", [
+    (dict(lr_schedule="cooldown", decay_start=100), "--decay-steps > 0"),
+    (dict(lr_schedule="cooldown", decay_start=5, decay_steps=10, warmup=10), "at or after the warm-up"),
+    (dict(decay_start=100, decay_steps=10), "apply only with --lr-schedule cooldown"),
+    (dict(lr_schedule="cooldown", decay_start=100, decay_steps=10, lr=1e-4, min_lr=2e-4), "above --lr"),
+    (dict(lr_schedule="linear"), "lr_schedule must be one of"),
+])
+def test_bad_schedules_are_refused_by_name(setting, message):
+    with pytest.raises(ValueError, match=message.replace("-", r"\-")):
+        TrainConfig(**setting).validate()
+
+
+def test_a_cooldown_run_resumes_exactly(tmp_path):
+    cfg = dict(steps=6, checkpoint_every=3, warmup=1, lr_schedule="cooldown", decay_start=2, decay_steps=3)
+    straight = Trainer(tiny_config(tmp_path / "a", **cfg))
+    straight.train(progress=False)
+    Trainer(tiny_config(tmp_path / "b", **{**cfg, "steps": 3})).train(progress=False)
+    resumed = Trainer(tiny_config(tmp_path / "b", steps=6, resume=True))
+    assert (resumed.cfg.lr_schedule, resumed.cfg.decay_start, resumed.cfg.decay_steps) == ("cooldown", 2, 3)
+    resumed.train(progress=False)
+    for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()):
+        assert torch.equal(p, q)
+    assert [g["lr"] for g in resumed.optimizer.param_groups][0] == pytest.approx(lr_at(5, resumed.cfg))
+
+
+def test_grow_from_turns_a_constant_run_into_a_cooldown(tmp_path):
+    source = tmp_path / "source"
+    Trainer(tiny_config(source, steps=4, warmup=1)).train(progress=False)
+    args = train_script.parse_args(["--out", str(tmp_path / "grown"), "--grow-from", str(source), "--steps", "8",
+                                    "--lr-schedule", "cooldown", "--decay-start", "4", "--decay-steps", "4",
+                                    "--min-lr", "1e-5"])
+    cfg = train_script.training_config(args)
+    assert (cfg.lr_schedule, cfg.decay_start, cfg.decay_steps, cfg.min_lr) == ("cooldown", 4, 4, 1e-5)
+    assert cfg.lr == tiny_config(source).lr  # the peak stays the source's
+    cfg.validate()
+    not_grown = train_script.training_config(train_script.parse_args(["--out", str(tmp_path / "plain")]))
+    assert (not_grown.lr_schedule, not_grown.min_lr, not_grown.decay_steps) == ("constant", 1e-4, 0)
