@@ -76,7 +76,7 @@ def test_iou_pointing_mass_known_answers():
     assert pointing(wrong, mask) == 0.0 and iou(wrong, mask, 0.5) == 0.0
     scores = score_maps([(perfect, mask), (wrong, mask)], 0.5)
     assert scores["miou"] == pytest.approx(0.5) and scores["pointing"] == pytest.approx(0.5) and scores["n"] == 2
-    assert set(scores["sweep"]) == {"0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8"}
+    assert set(scores["sweep"]) == {"0.02", "0.05", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8"}
 
 
 def test_relation_response_tells_an_ignored_word_from_an_obeyed_one():
