@@ -313,6 +313,14 @@ def test_fresh_seeds_score_prompt_following_alone_on_noise_the_report_never_uses
         assert images == 2 * sum(p.task == task for p in eval_prompts()) and result[task] == right / images
     assert runs[0]["right_of"] == runs[1]["right_of"]
     assert "| color_attr |" in (tmp_path / "a" / "report.md").read_text()
+    assert "guidance 1.0." in (tmp_path / "a" / "report.md").read_text()
+    # guided at some timesteps only: the report says which, or it could not be told from guidance at every step
+    assert evaluate_script.main(["--model", str(trained_run), "--fresh-seeds", "50000", "--seeds", "1", "--steps",
+                                 "2", "--tasks", "two_object", "--guidance", "2", "--guidance-max-t", "550",
+                                 "--out", str(tmp_path / "g"), "--quiet"]) == 0
+    guided = json.loads((tmp_path / "g" / "report.json").read_text())["prompt_following"]["settings"]
+    assert (guided["guidance"], guided["guidance_max_t"]) == (2.0, 550)
+    assert "guidance 2.0 at t <= 550." in (tmp_path / "g" / "report.md").read_text()
     capsys.readouterr()
     assert evaluate_script.main(["--model", str(trained_run), "--fresh-seeds", "1", "--relations-only",
                                  "--out", str(tmp_path / "c")]) == 2

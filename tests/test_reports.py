@@ -92,3 +92,14 @@ def test_quick_benchmark_writes_positive_finite_ratios(tiny_pipeline_dir, tmp_pa
     assert len(r["capture_bytes_by_steps"]) == 3 and all(s > 0 for s in sizes)
     every = [v["every_step_bytes"] for v in r["capture_bytes_by_steps"].values()]
     assert every == sorted(every) and every[0] < every[-1]  # storing every step would grow
+
+
+def test_a_report_names_the_timesteps_it_guided_at():
+    from unet.eval.report import guidance_words
+    assert guidance_words({"guidance": 1.0, "guidance_max_t": 550}) == "guidance 1.0"  # unguided: no window
+    assert guidance_words({"guidance": 2.0}) == "guidance 2.0"  # a report from before the window was saved
+    assert guidance_words({"guidance": 2.0, "guidance_min_t": 0, "guidance_max_t": None}) == "guidance 2.0"
+    assert guidance_words({"guidance": 2.0, "guidance_max_t": 550}) == "guidance 2.0 at t <= 550"
+    assert guidance_words({"guidance": 3.0, "guidance_min_t": 880}) == "guidance 3.0 at t >= 880"
+    assert guidance_words({"guidance": 2.0, "guidance_min_t": 100, "guidance_max_t": 550}) == \
+        "guidance 2.0 at 100 <= t <= 550"

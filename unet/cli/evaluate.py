@@ -39,7 +39,14 @@ from unet.eval.evaluate import (
 )
 from unet.eval.layout import COMBOS, POSITION_PAIRS, key_separation, layout_prompt, layout_response
 from unet.eval.prompts import PAIRED_AXES, TASKS, eval_prompts
-from unet.eval.report import check_readme, layout_markdown, refresh_readme, relations_markdown, write
+from unet.eval.report import (
+    check_readme,
+    guidance_words,
+    layout_markdown,
+    refresh_readme,
+    relations_markdown,
+    write,
+)
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import SCHEDULERS, default_guidance, load_pipeline, model_label
 from unet.train import run_pipeline
@@ -206,7 +213,7 @@ def evaluation_main(pipe, args) -> int:
         dataset_timestep=args.dataset_timestep, quick=args.quick, progress=not args.quiet)
     report["model"] = model_label(args.model)
     report["settings"]["scheduler"] = args.scheduler
-    report["settings"]["guidance_max_t"] = pipe.config.get("guidance_max_t")
+    report["settings"].update(guided_at(pipe))
     report["date"] = datetime.date.today().isoformat()
     title = f"Evaluation of {report['model']} ({report['date']})"
     out = publish_report(args, lambda folder: write(report, records, batches, selection, folder, title))
@@ -220,13 +227,18 @@ def evaluation_main(pipe, args) -> int:
     return 0
 
 
+def guided_at(pipe) -> dict:
+    """The timesteps the pipeline guides at (as `evaluate.py --guidance-max-t` set them): a report's settings."""
+    return {"guidance_min_t": pipe.config.get("guidance_min_t", 0), "guidance_max_t": pipe.config.get("guidance_max_t")}
+
+
 def relations_main(pipe, args) -> int:
     """`--relations-only`: the paired relation response, the relation words' similarity, the layout response and
     the key separation, as report.json and report.md."""
     guidance = default_guidance(pipe) if args.guidance is None else args.guidance
     report = {"model": model_label(args.model), "date": datetime.date.today().isoformat(),
               "settings": {"seeds": args.seeds, "steps": args.steps, "guidance": guidance,
-                           "scheduler": args.scheduler, "relations_only": True},
+                           "scheduler": args.scheduler, "relations_only": True, **guided_at(pipe)},
               "relation_response_paired": paired_relations(pipe, args.seeds, args.steps, guidance),
               "relation_word_similarity": relation_word_similarity(pipe),
               "layout_response": layout_response(pipe, steps=args.steps), "key_separation": key_separation(pipe)}
@@ -248,11 +260,12 @@ def fresh_seeds_main(pipe, args) -> int:
     """`--fresh-seeds BASE`: prompt following alone on other noise, as report.json and report.md."""
     result = prompt_following_on_fresh_seeds(pipe, args.seeds, args.fresh_seeds, args.steps, args.guidance,
                                              tuple(args.tasks), progress=not args.quiet)
+    result["settings"].update(guided_at(pipe))
     report = {"model": model_label(args.model), "date": datetime.date.today().isoformat(),
               "prompt_following": result}
     lines = [f"# Prompt following of {report['model']} on fresh seeds ({report['date']})", "",
-             f"{args.seeds} images per prompt from seed {args.fresh_seeds}, {args.steps} DDIM steps, guidance "
-             f"{result['settings']['guidance']}.", "", "| task | accuracy | right / images |", "|---|---|---|"]
+             f"{args.seeds} images per prompt from seed {args.fresh_seeds}, {args.steps} DDIM steps, "
+             f"{guidance_words(result['settings'])}.", "", "| task | accuracy | right / images |", "|---|---|---|"]
     lines += [f"| {task} | {fmt(result[task])} | {right} / {n} |" for task, (right, n) in result["right_of"].items()]
 
     def write_into(folder: Path) -> None:

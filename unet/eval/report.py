@@ -89,11 +89,21 @@ def maps_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def guidance_words(settings: dict) -> str:
+    """A report's guidance: "guidance 2.0", or "guidance 2.0 at t <= 550" where it guided only some timesteps
+    (reports written before the window was saved have none)."""
+    scale, lo, hi = settings["guidance"], settings.get("guidance_min_t") or 0, settings.get("guidance_max_t")
+    if scale == 1 or (not lo and hi is None):
+        return f"guidance {scale}"
+    return f"guidance {scale} at " + (f"{lo} <= t <= {hi}" if lo and hi is not None else
+                                      f"t >= {lo}" if lo else f"t <= {hi}")
+
+
 def markdown(report: dict, title: str) -> str:
     pf, s = report["prompt_following"], report["settings"]
     lines = [f"# {title}", "",
              f"{s['prompts']} prompts × {s['seeds']} seeds, {s['steps']} {s.get('scheduler', 'ddim').upper()} steps, "
-             f"guidance {s['guidance']}"
+             f"{guidance_words(s)}"
              f"{' (quick mode)' if s['quick'] else ''}. Maps chosen on a separate split of "
              f"{s['selection_seeds']} other seeds per prompt.", "",
              "## Prompt following (GenEval rules, our detector)", "",
