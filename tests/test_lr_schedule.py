@@ -70,3 +70,26 @@ def test_grow_from_turns_a_constant_run_into_a_cooldown(tmp_path):
     cfg.validate()
     not_grown = train_script.training_config(train_script.parse_args(["--out", str(tmp_path / "plain")]))
     assert (not_grown.lr_schedule, not_grown.min_lr, not_grown.decay_steps) == ("constant", 1e-4, 0)
+
+
+def test_schedule_flags_are_refused_where_they_would_be_ignored_or_start_part_way(tmp_path, capsys):
+    source = tmp_path / "source"
+    Trainer(tiny_config(source, steps=4, warmup=1)).train(progress=False)
+    # --resume keeps the saved schedule (so that it continues exactly): a new one there would be silently dropped
+    assert train_script.main(["--out", str(source), "--resume", "--steps", "8", "--lr-schedule", "cooldown",
+                              "--decay-start", "4", "--decay-steps", "4"]) == 2
+    assert "--lr-schedule with --resume" in capsys.readouterr().err
+    # a cooldown that began before the source's step would start part-way down
+    assert train_script.main(["--out", str(tmp_path / "late"), "--grow-from", str(source), "--steps", "8",
+                              "--lr-schedule", "cooldown", "--decay-start", "2", "--decay-steps", "4"]) == 2
+    assert "give --decay-start 4 or later" in capsys.readouterr().err
+    assert not (tmp_path / "late").exists()
+    # a cooldown run grown back to a constant rate drops its decay steps instead of refusing flags never given
+    cooled = tmp_path / "cooled"
+    Trainer(tiny_config(cooled, steps=4, warmup=1, lr_schedule="cooldown", decay_start=2, decay_steps=2)).train(
+        progress=False)
+    args = train_script.parse_args(["--out", str(tmp_path / "again"), "--grow-from", str(cooled), "--steps", "8",
+                                    "--lr-schedule", "constant"])
+    cfg = train_script.training_config(args)
+    assert (cfg.lr_schedule, cfg.decay_start, cfg.decay_steps) == ("constant", 0, 0)
+    cfg.validate()

@@ -42,6 +42,7 @@ from unet.eval.prompts import PAIRED_AXES, TASKS, eval_prompts
 from unet.eval.report import (
     check_readme,
     guidance_words,
+    guided_at,
     layout_markdown,
     refresh_readme,
     relations_markdown,
@@ -227,11 +228,6 @@ def evaluation_main(pipe, args) -> int:
     return 0
 
 
-def guided_at(pipe) -> dict:
-    """The timesteps the pipeline guides at (as `evaluate.py --guidance-max-t` set them): a report's settings."""
-    return {"guidance_min_t": pipe.config.get("guidance_min_t", 0), "guidance_max_t": pipe.config.get("guidance_max_t")}
-
-
 def relations_main(pipe, args) -> int:
     """`--relations-only`: the paired relation response, the relation words' similarity, the layout response and
     the key separation, as report.json and report.md."""
@@ -246,6 +242,8 @@ def relations_main(pipe, args) -> int:
     def write_into(folder: Path) -> None:
         (folder / "report.json").write_text(json.dumps(report, indent=1))
         (folder / "report.md").write_text("\n".join([f"# Relations of {report['model']} ({report['date']})", "",
+                                                     f"{args.seeds} seeds, {args.steps} steps, "
+                                                     f"{guidance_words(report['settings'])}.", "",
                                                      *relations_markdown(report), *layout_markdown(report)]))
 
     out = publish_report(args, write_into)

@@ -34,6 +34,7 @@ GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share",
           "caption_dropout", "text_variant", "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction",
           "logit_mean", "logit_std", "layout_every", "layout_seeds", "text_lr",
           "grounding_weight", "lr_schedule", "min_lr", "decay_start", "decay_steps")
+SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learning-rate schedule's part of GROWTH
 
 
 def parse_args(argv=None):
@@ -89,6 +90,11 @@ def training_config(args) -> TrainConfig:
     """The TrainConfig the command line asks for; with --grow-from, RUN's own, changed only as given."""
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     values["channels"] = tuple(values["channels"])
+    schedule_flags = [name for name in SCHEDULE if values.get(name) is not None]
+    if args.resume and schedule_flags:
+        raise UsageError(f"--{schedule_flags[0].replace('_', '-')} with --resume: a resumed run keeps its saved "
+                         "learning-rate schedule, so that it continues exactly; to change it (e.g. a cooldown), "
+                         "--grow-from the run into a new folder")
     if args.grow_from is None:
         if values.get("side_hint_gain") is not None and values.get("text_variant") != "side-hints":
             raise UsageError(f"--side-hint-gain {values['side_hint_gain']}: it applies only with --text-variant "
@@ -112,6 +118,13 @@ def training_config(args) -> TrainConfig:
                          f"checkpoint's text weights may still be its source's; train {source} first, or grow "
                          "from its source")
     changes = {name: values[name] for name in GROWTH if values.get(name) is not None}
+    if changes.get("lr_schedule", "cooldown") != "cooldown":  # leaving a cooldown: its steps no longer apply
+        changes.setdefault("decay_start", 0)
+        changes.setdefault("decay_steps", 0)
+    if changes.get("lr_schedule", cfg.lr_schedule) == "cooldown" and \
+            changes.get("decay_start", cfg.decay_start) < int(step) and "decay_start" in changes:
+        raise UsageError(f"--decay-start {changes['decay_start']}: {source} is at step {step} already, so the decay "
+                         f"would start part-way down; give --decay-start {step} or later")
     if args.self_attention_levels is not None:
         flags = self_attention_flags(args.self_attention_levels, len(cfg.channels))
         dropped = [i for i in levels(cfg.self_attention) if not flags[i]]

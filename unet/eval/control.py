@@ -30,6 +30,7 @@ from ..data import COLORS, SHAPES
 from ..pipeline import Settings, default_guidance
 from .detect import detect
 from .prompts import TASKS, EvalPrompt, background_grain, check, eval_prompts
+from .report import guidance_words, guided_at
 
 CONTROLS = ("excite", "reweight", "edit")
 
@@ -172,13 +173,13 @@ def run_control_evaluation(pipe, control: str, seeds: int = 4, steps: int = 25, 
         bar = tqdm(total=len(prompts), desc=control, disable=not progress)
         report, records = evaluate_prompts(pipe, control, prompts, seeds, steps, guidance, factor, progress=bar)
     bar.close()
-    report["settings"]["quick"] = quick
+    report["settings"].update(quick=quick, **guided_at(pipe))
     return report, records
 
 
 def markdown(report: dict, title: str) -> str:
     s = report["settings"]
-    lines = [f"# {title}", "", f"{s['steps']} DDIM steps, guidance {s['guidance']}, {s['seeds']} seeds per prompt"
+    lines = [f"# {title}", "", f"{s['steps']} DDIM steps, {guidance_words(s)}, {s['seeds']} seeds per prompt"
              f"{' (quick mode)' if s['quick'] else ''}.", ""]
     if s["control"] == "edit":
         w, wo, sec = report["with_replay"], report["without"], report["seconds_per_image"]

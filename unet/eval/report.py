@@ -89,6 +89,11 @@ def maps_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def guided_at(pipe) -> dict:
+    """The timesteps the pipeline guides at (as `evaluate.py --guidance-max-t` set them): a report's settings."""
+    return {"guidance_min_t": pipe.config.get("guidance_min_t", 0), "guidance_max_t": pipe.config.get("guidance_max_t")}
+
+
 def guidance_words(settings: dict) -> str:
     """A report's guidance: "guidance 2.0", or "guidance 2.0 at t <= 550" where it guided only some timesteps
     (reports written before the window was saved have none)."""
