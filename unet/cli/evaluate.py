@@ -282,6 +282,7 @@ def control_main(pipe, args) -> int:
     report, records = run_control_evaluation(pipe, args.control, args.seeds, args.steps, args.guidance, args.quick,
                                              args.reweight_factor, progress=not args.quiet)
     report["model"], report["date"] = model_label(args.model), date
+    report["settings"].update(guided_at(pipe))
     title = f"Control by {args.control}: {report['model']} ({date})"
     out = publish_report(args, lambda folder: write_control(report, records, folder, title))
     if args.control == "edit":

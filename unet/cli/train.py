@@ -29,12 +29,12 @@ from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import progress_bars
 from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, resumed_config
 
+SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learning-rate schedule's settings
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
 GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "colourless_share",
           "caption_dropout", "text_variant", "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction",
           "logit_mean", "logit_std", "layout_every", "layout_seeds", "text_lr",
-          "grounding_weight", "lr_schedule", "min_lr", "decay_start", "decay_steps")
-SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learning-rate schedule's part of GROWTH
+          "grounding_weight", *SCHEDULE)
 
 
 def parse_args(argv=None):
@@ -118,11 +118,10 @@ def training_config(args) -> TrainConfig:
                          f"checkpoint's text weights may still be its source's; train {source} first, or grow "
                          "from its source")
     changes = {name: values[name] for name in GROWTH if values.get(name) is not None}
-    if changes.get("lr_schedule", "cooldown") != "cooldown":  # leaving a cooldown: its steps no longer apply
+    if changes.get("lr_schedule") not in (None, "cooldown"):  # leaving a cooldown: its steps no longer apply
         changes.setdefault("decay_start", 0)
         changes.setdefault("decay_steps", 0)
-    if changes.get("lr_schedule", cfg.lr_schedule) == "cooldown" and \
-            changes.get("decay_start", cfg.decay_start) < int(step) and "decay_start" in changes:
+    if changes.get("lr_schedule", cfg.lr_schedule) == "cooldown" and changes.get("decay_start", int(step)) < int(step):
         raise UsageError(f"--decay-start {changes['decay_start']}: {source} is at step {step} already, so the decay "
                          f"would start part-way down; give --decay-start {step} or later")
     if args.self_attention_levels is not None:

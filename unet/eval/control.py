@@ -30,7 +30,7 @@ from ..data import COLORS, SHAPES
 from ..pipeline import Settings, default_guidance
 from .detect import detect
 from .prompts import TASKS, EvalPrompt, background_grain, check, eval_prompts
-from .report import guidance_words, guided_at
+from .report import guidance_words
 
 CONTROLS = ("excite", "reweight", "edit")
 
@@ -173,7 +173,7 @@ def run_control_evaluation(pipe, control: str, seeds: int = 4, steps: int = 25, 
         bar = tqdm(total=len(prompts), desc=control, disable=not progress)
         report, records = evaluate_prompts(pipe, control, prompts, seeds, steps, guidance, factor, progress=bar)
     bar.close()
-    report["settings"].update(quick=quick, **guided_at(pipe))
+    report["settings"]["quick"] = quick
     return report, records
 
 

@@ -100,8 +100,9 @@ def guidance_words(settings: dict) -> str:
     scale, lo, hi = settings["guidance"], settings.get("guidance_min_t") or 0, settings.get("guidance_max_t")
     if scale == 1 or (not lo and hi is None):
         return f"guidance {scale}"
-    return f"guidance {scale} at " + (f"{lo} <= t <= {hi}" if lo and hi is not None else
-                                      f"t >= {lo}" if lo else f"t <= {hi}")
+    if lo and hi is not None:
+        return f"guidance {scale} at {lo} <= t <= {hi}"
+    return f"guidance {scale} at t >= {lo}" if lo else f"guidance {scale} at t <= {hi}"
 
 
 def markdown(report: dict, title: str) -> str:
