@@ -1,7 +1,9 @@
-"""The grounding loss (TokenCompose's token loss, train.py --grounding-weight): each word that names an object
-attends to that object's pixels."""
+"""The grounding losses (TokenCompose's): the token loss (train.py --grounding-weight), each word that names an
+object attends to that object's pixels; the pixel loss (--pixel-grounding-weight), each pixel reads the words of its
+own object and no other object's."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from conftest import tiny_config
 from crossattn.capture import AttentionStore
 from crossattn.text import prompt_words
 from unet.data import SceneSampler
-from unet.recipe import cross_attention_weights, grounding_loss, word_masks
+from unet.recipe import cross_attention_weights, grounding_loss, pixel_grounding_loss, word_masks
 from unet.train import TrainConfig, Trainer, resumed_config
 
 
@@ -55,6 +57,37 @@ def test_the_loss_is_0_on_the_object_1_off_it_and_carries_a_gradient():
     assert half.grad.abs().sum() > 0
 
 
+def two_objects_read(circle_reads: str, square_reads: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks for "red circle" (tokens 1, 2: left half) and "blue square" (tokens 3, 4: right half) on 4x4 pixels,
+    and weights (1, 1, 16, 5) in which each object's pixels read the named tokens and the background token 0."""
+    masks = torch.zeros(1, 5, 4, 4)
+    left = torch.arange(16) % 4 < 2
+    masks[0, 1:3, :, :2] = 1
+    masks[0, 3:5, :, 2:] = 1
+    weights = torch.zeros(1, 1, 16, 5)
+    for pixels, reads in ((left, circle_reads), (~left, square_reads)):
+        for t in reads:
+            weights[0, 0, pixels, int(t)] += 1 / len(reads)
+    return weights, masks
+
+
+def test_the_pixel_loss_is_0_when_each_object_reads_its_own_words_and_large_when_the_square_reads_circle():
+    own, masks = two_objects_read("12", "34")
+    assert pixel_grounding_loss([own], masks) == 0
+    # one shape drawn twice: the square's pixels read "circle" (with their own colour)
+    twice, _ = two_objects_read("12", "32")
+    # a read of 0.5 costs log 2 on half the pixels, for the circle's words (off their object) and the square's (on it)
+    assert pixel_grounding_loss([twice], masks).item() == pytest.approx(math.log(2) / 2)
+    # half the square's attention on the background token: only the square's words pay, half as much
+    faint, _ = two_objects_read("12", "0034")
+    assert pixel_grounding_loss([faint], masks).item() == pytest.approx(math.log(2) / 4)
+    # the token loss cannot see the difference between a faint object and a perfect one: both stay on the object
+    assert grounding_loss([faint], masks) == grounding_loss([own], masks) == 0
+    grad = torch.full((1, 2, 16, 5), 0.2, requires_grad=True)
+    pixel_grounding_loss([grad], masks).backward()
+    assert grad.grad.abs().sum() > 0
+
+
 def test_the_weights_are_collected_with_their_gradient_and_the_model_restored(pair_and_tokenizer):
     _, trainer = pair_and_tokenizer
     images, captions, masks = trainer.batch(0)
@@ -64,6 +97,13 @@ def test_the_weights_are_collected_with_their_gradient_and_the_model_restored(pa
     trainer.noise_gen.set_state(noise)  # the same noise and t: the term alone tells the two apart
     plain = trainer.loss(images, captions)
     assert 0 < loss.item() - plain.item() <= 0.1  # 0.1 x a loss in (0, 1]
+    trainer.cfg.grounding_weight, trainer.cfg.pixel_grounding_weight = 0.0, 0.1
+    trainer.noise_gen.set_state(noise)
+    pixel = trainer.loss(images, captions, masks)
+    with cross_attention_weights(trainer.unet) as weights:
+        trainer.noise_gen.set_state(noise)
+        trainer.loss(images, captions)
+    assert pixel.item() - plain.item() == pytest.approx(0.1 * pixel_grounding_loss(weights, masks).item(), rel=1e-4)
     with cross_attention_weights(trainer.unet) as weights:
         trainer.loss(images, captions)
     assert weights and all(w.requires_grad and w.shape[-1] == trainer.tokenizer.model_max_length for w in weights)
@@ -92,22 +132,26 @@ def test_training_with_grounding_moves_the_attention_onto_the_objects(tmp_path):
 
 
 def test_a_run_with_grounding_resumes_exactly_and_old_configs_mean_none(tmp_path):
-    cfg = dict(steps=6, checkpoint_every=3, num_samples=0, grounding_weight=0.5)
+    cfg = dict(steps=6, checkpoint_every=3, num_samples=0, grounding_weight=0.5, pixel_grounding_weight=0.2)
     straight = Trainer(tiny_config(tmp_path / "a", **cfg))
     straight.train(progress=False)
     Trainer(tiny_config(tmp_path / "b", **{**cfg, "steps": 3})).train(progress=False)
     resumed = Trainer(tiny_config(tmp_path / "b", steps=6, resume=True))
-    assert resumed.cfg.grounding_weight == 0.5
+    assert (resumed.cfg.grounding_weight, resumed.cfg.pixel_grounding_weight) == (0.5, 0.2)
     resumed.train(progress=False)
     assert all(torch.equal(p, q) for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()))
     saved = json.loads((tmp_path / "a" / "train_config.json").read_text())
     saved.pop("grounding_weight")
-    assert resumed_config(TrainConfig(out=str(tmp_path)), saved).grounding_weight == 0.0
+    saved.pop("pixel_grounding_weight")
+    old = resumed_config(TrainConfig(out=str(tmp_path)), saved)
+    assert old.grounding_weight == old.pixel_grounding_weight == 0.0
 
 
 @pytest.mark.parametrize("setting, message", [
     (dict(grounding_weight=-1.0), "--grounding-weight must be a finite number >= 0"),
     (dict(grounding_weight=0.1, num_samples=64), "needs fresh scenes"),
+    (dict(pixel_grounding_weight=float("nan")), "--pixel-grounding-weight must be a finite number >= 0"),
+    (dict(pixel_grounding_weight=0.1, data="."), "--pixel-grounding-weight needs fresh scenes"),
 ])
 def test_bad_grounding_settings_are_refused_by_name(setting, message):
     with pytest.raises(ValueError, match=message.replace("-", r"\-")):

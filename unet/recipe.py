@@ -148,3 +148,29 @@ def grounding_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> torch.Te
         inside = (a * m).sum(1) / a.sum(1).clamp_min(1e-12)  # (B, T): share of each token's attention on it
         per_layer.append(((1 - inside) ** 2)[named].mean() if named.any() else a.sum() * 0)
     return torch.stack(per_layer).mean()
+
+
+def pixel_grounding_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> torch.Tensor:
+    """The pixel loss of TokenCompose (Wang et al. 2024), read per object: at every pixel, the share of its
+    cross-attention taken by the words that name an object (its colour and shape words together, where TokenCompose
+    has one noun) is trained by binary cross-entropy toward that object's mask -- 1 on the object, 0 everywhere else,
+    the other object included. The token loss (`grounding_loss`) asks where a word looks; this asks what a pixel
+    reads, which is what its Values draw: a pixel of the square that reads "circle" is what draws one shape twice
+    (docs/experiments/why-the-second-object-goes-missing.md).
+
+    weights: each layer's (B, heads, N, T); masks: `word_masks`' (B, T, H, W), where the words of one object share
+    its mask. Averaged over pixels, then over the named tokens, then over layers."""
+    B, T, H, W = masks.shape
+    flat = masks.flatten(2)  # (B, T, HW)
+    named = flat.sum(-1) > 0  # (B, T)
+    # (B, T, T): token s names the same object as token t (distinct objects never share their visible pixels)
+    same = ((flat[:, :, None] == flat[:, None]).all(-1) & named[:, :, None] & named[:, None]).float()
+    per_layer = []
+    for w in weights:
+        a = w.mean(1)  # (B, N, T), heads averaged
+        h, wd = layer_hw(a.shape[1], (H, W))
+        m = F.adaptive_avg_pool2d(masks, (h, wd)).flatten(2).transpose(1, 2)  # (B, N, T): object share per query
+        read = (a @ same).clamp(0, 1)  # (B, N, T): each query's attention on all words of token t's object
+        bce = F.binary_cross_entropy(read, m, reduction="none").mean(1)  # (B, T)
+        per_layer.append(bce[named].mean() if named.any() else a.sum() * 0)
+    return torch.stack(per_layer).mean()

@@ -42,6 +42,7 @@ from .recipe import (
     grounding_loss,
     lr_at,
     noise_scheduler,
+    pixel_grounding_loss,
     sample_timesteps,
     word_masks,
 )
@@ -103,6 +104,9 @@ class TrainConfig:
     # > 0: add this times the grounding loss (recipe.grounding_loss, TokenCompose's): each word that names an object
     # attends to that object's pixels in the drawn scene's masks (fresh scenes only: a dataset folder keeps none)
     grounding_weight: float = 0.0
+    # > 0: add this times the pixel loss (recipe.pixel_grounding_loss, TokenCompose's): each pixel reads the words of
+    # its own object and no other object's (fresh scenes only, like the token loss above)
+    pixel_grounding_weight: float = 0.0
     max_length: int = 32
     channels: tuple = (32, 64, 128)
     cross_attention: tuple = (False, True, True)
@@ -162,9 +166,14 @@ class TrainConfig:
             raise ValueError(f"--text-lr must be a finite number >= 0 (0: the CLIP stays frozen), got {self.text_lr}")
         if not (math.isfinite(self.grounding_weight) and self.grounding_weight >= 0):
             raise ValueError(f"--grounding-weight must be a finite number >= 0 (0: none), got {self.grounding_weight}")
-        if self.grounding_weight and (self.data is not None or self.num_samples):
-            raise ValueError("--grounding-weight needs fresh scenes (no --data, --num-samples 0): the object masks it "
-                             "trains on are drawn with each batch, and a dataset folder keeps none")
+        if not (math.isfinite(self.pixel_grounding_weight) and self.pixel_grounding_weight >= 0):
+            raise ValueError("--pixel-grounding-weight must be a finite number >= 0 (0: none), "
+                             f"got {self.pixel_grounding_weight}")
+        for flag, weight in (("--grounding-weight", self.grounding_weight),
+                             ("--pixel-grounding-weight", self.pixel_grounding_weight)):
+            if weight and (self.data is not None or self.num_samples):
+                raise ValueError(f"{flag} needs fresh scenes (no --data, --num-samples 0): the object masks it "
+                                 "trains on are drawn with each batch, and a dataset folder keeps none")
         if self.text_lr and self.clip is None:
             raise ValueError(f"--text-lr {self.text_lr} applies only with --clip: a run's own text encoder learns "
                              "at --lr with the U-Net")
@@ -429,7 +438,8 @@ class Trainer:
         images, captions = to_model_range(images[part]), captions[part]
         coin = torch.rand(len(captions), generator=torch.Generator().manual_seed(cfg.seed + step))
         captions = ["" if drop else c for drop, c in zip((coin < cfg.caption_dropout).tolist(), captions)]
-        masks = word_masks(scenes[part], captions, self.tokenizer) if cfg.grounding_weight else None
+        grounded = cfg.grounding_weight or cfg.pixel_grounding_weight
+        masks = word_masks(scenes[part], captions, self.tokenizer) if grounded else None
         return images, captions, masks
 
     def loss(self, images: torch.Tensor, captions: list[str], masks: torch.Tensor | None = None) -> torch.Tensor:
@@ -444,7 +454,11 @@ class Trainer:
         with watch as weights:
             loss = diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
                                   self.cfg.min_snr_gamma)
-        return loss if masks is None else loss + self.cfg.grounding_weight * grounding_loss(weights, masks.to(device))
+        if masks is None:
+            return loss
+        masks = masks.to(device)
+        return (loss + self.cfg.grounding_weight * grounding_loss(weights, masks)
+                + self.cfg.pixel_grounding_weight * pixel_grounding_loss(weights, masks))
 
     @torch.no_grad()
     def update_ema(self):
