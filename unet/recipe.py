@@ -19,6 +19,8 @@ from crossattn.attention import CrossAttention
 from crossattn.capture import layer_hw
 from crossattn.text import prompt_words
 
+from .data import COLORS
+
 TIMESTEP_SAMPLING = ("uniform", "layout-share", "logit-normal")
 LR_SCHEDULES = ("constant", "cosine", "cooldown")  # see lr_at
 
@@ -173,4 +175,34 @@ def pixel_grounding_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> to
         read = (a @ same).clamp(0, 1)  # (B, N, T): each query's attention on all words of token t's object
         bce = F.binary_cross_entropy(read, m, reduction="none").mean(1)  # (B, T)
         per_layer.append(bce[named].mean() if named.any() else a.sum() * 0)
+    return torch.stack(per_layer).mean()
+
+
+def colour_pairs(captions: list[str], tokenizer) -> torch.Tensor:
+    """(P, 3) long: (caption, token of its first colour word, token of its second) for every caption that names two
+    different colours -- the pairs whose Keys `key_separation_loss` keeps apart (a dropped caption "" has none)."""
+    found = []
+    for b, caption in enumerate(captions):
+        colours = [w for w in prompt_words(tokenizer, caption) if w.text in COLORS and w.tokens]
+        if len(colours) == 2 and colours[0].text != colours[1].text:
+            found.append((b, colours[0].tokens[0], colours[1].tokens[0]))
+    return torch.tensor(found, dtype=torch.long).reshape(-1, 3)
+
+
+def key_separation_loss(unet, context: torch.Tensor, pairs: torch.Tensor, margin: float) -> torch.Tensor:
+    """How far two different colour words' Keys are above cosine `margin`, squared, averaged over `colour_pairs` and
+    then over cross-attention layers. A softmax over equal Keys gives equal weights, so words whose Keys are alike
+    cannot have different maps (the evaluation's key separation reads the same cosine on its own prompts).
+
+    context: the text encoder's (B, T, D); the Keys are each layer's own `to_k` of it, so both the text side and
+    the projections learn."""
+    layers = [m for m in unet.modules() if isinstance(m, CrossAttention) and m.is_cross_attention]
+    if not len(pairs):
+        return context.sum() * 0
+    b, i, j = pairs.to(context.device).T
+    per_layer = []
+    for layer in layers:
+        keys = layer.to_k(context)  # (B, T, heads * head_dim)
+        cosine = F.cosine_similarity(keys[b, i], keys[b, j], dim=-1)  # (P,)
+        per_layer.append(F.relu(cosine - margin).pow(2).mean())
     return torch.stack(per_layer).mean()

@@ -37,9 +37,11 @@ from .pipeline import ScenePipeline, check_seed, make_scheduler
 from .recipe import (
     LR_SCHEDULES,
     TIMESTEP_SAMPLING,
+    colour_pairs,
     cross_attention_weights,
     diffusion_loss,
     grounding_loss,
+    key_separation_loss,
     lr_at,
     noise_scheduler,
     pixel_grounding_loss,
@@ -107,6 +109,10 @@ class TrainConfig:
     # > 0: add this times the pixel loss (recipe.pixel_grounding_loss, TokenCompose's): each pixel reads the words of
     # its own object and no other object's (fresh scenes only, like the token loss above)
     pixel_grounding_weight: float = 0.0
+    # > 0: add this times recipe.key_separation_loss: in every cross-attention layer, a caption's two different colour
+    # words are pushed apart where their Keys' cosine is above key_margin (the evaluation's target is 0.5)
+    key_separation_weight: float = 0.0
+    key_margin: float = 0.3
     max_length: int = 32
     channels: tuple = (32, 64, 128)
     cross_attention: tuple = (False, True, True)
@@ -169,6 +175,11 @@ class TrainConfig:
         if not (math.isfinite(self.pixel_grounding_weight) and self.pixel_grounding_weight >= 0):
             raise ValueError("--pixel-grounding-weight must be a finite number >= 0 (0: none), "
                              f"got {self.pixel_grounding_weight}")
+        if not (math.isfinite(self.key_separation_weight) and self.key_separation_weight >= 0):
+            raise ValueError("--key-separation-weight must be a finite number >= 0 (0: none), "
+                             f"got {self.key_separation_weight}")
+        if not -1 <= self.key_margin < 1:
+            raise ValueError(f"--key-margin is a cosine in [-1, 1), got {self.key_margin}")
         for flag, weight in (("--grounding-weight", self.grounding_weight),
                              ("--pixel-grounding-weight", self.pixel_grounding_weight)):
             if weight and (self.data is not None or self.num_samples):
@@ -454,6 +465,10 @@ class Trainer:
         with watch as weights:
             loss = diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
                                   self.cfg.min_snr_gamma)
+        if self.cfg.key_separation_weight:
+            pairs = colour_pairs(captions, self.tokenizer)
+            loss = loss + self.cfg.key_separation_weight * key_separation_loss(
+                self.accelerator.unwrap_model(self.unet), context, pairs, self.cfg.key_margin)
         if masks is None:
             return loss
         masks = masks.to(device)
