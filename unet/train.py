@@ -170,18 +170,15 @@ class TrainConfig:
             raise FileNotFoundError(f"CLIP folder {self.clip} does not exist")
         if not (math.isfinite(self.text_lr) and self.text_lr >= 0):
             raise ValueError(f"--text-lr must be a finite number >= 0 (0: the CLIP stays frozen), got {self.text_lr}")
-        if not (math.isfinite(self.grounding_weight) and self.grounding_weight >= 0):
-            raise ValueError(f"--grounding-weight must be a finite number >= 0 (0: none), got {self.grounding_weight}")
-        if not (math.isfinite(self.pixel_grounding_weight) and self.pixel_grounding_weight >= 0):
-            raise ValueError("--pixel-grounding-weight must be a finite number >= 0 (0: none), "
-                             f"got {self.pixel_grounding_weight}")
-        if not (math.isfinite(self.key_separation_weight) and self.key_separation_weight >= 0):
-            raise ValueError("--key-separation-weight must be a finite number >= 0 (0: none), "
-                             f"got {self.key_separation_weight}")
+        terms = (("--grounding-weight", self.grounding_weight),
+                 ("--pixel-grounding-weight", self.pixel_grounding_weight),
+                 ("--key-separation-weight", self.key_separation_weight))
+        for flag, weight in terms:
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ValueError(f"{flag} must be a finite number >= 0 (0: none), got {weight}")
         if not -1 <= self.key_margin < 1:
             raise ValueError(f"--key-margin is a cosine in [-1, 1), got {self.key_margin}")
-        for flag, weight in (("--grounding-weight", self.grounding_weight),
-                             ("--pixel-grounding-weight", self.pixel_grounding_weight)):
+        for flag, weight in terms[:2]:  # the key term needs no masks
             if weight and (self.data is not None or self.num_samples):
                 raise ValueError(f"{flag} needs fresh scenes (no --data, --num-samples 0): the object masks it "
                                  "trains on are drawn with each batch, and a dataset folder keeps none")
