@@ -32,6 +32,18 @@ def tiny_config(out, **overrides):
     return TrainConfig(**values)
 
 
+def straight_and_resumed(tmp_path, **cfg):
+    """A tiny run trained straight to cfg's `steps` (in tmp_path/a), and the same run stopped half-way (in
+    tmp_path/b) and resumed from its saved config to the end: the two trained Trainers (straight, resumed)."""
+    from unet.train import Trainer
+    straight = Trainer(tiny_config(tmp_path / "a", **cfg))
+    straight.train(progress=False)
+    Trainer(tiny_config(tmp_path / "b", **{**cfg, "steps": cfg["steps"] // 2})).train(progress=False)
+    resumed = Trainer(tiny_config(tmp_path / "b", steps=cfg["steps"], resume=True))
+    resumed.train(progress=False)
+    return straight, resumed
+
+
 @pytest.fixture(scope="session")
 def tiny_pipeline_dir(tmp_path_factory):
     """A tiny pipeline folder written by the real training code (4 steps: enough to be a real model)."""

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import straight_and_resumed, tiny_config
 
 from crossattn.capture import AttentionStore
 from crossattn.text import prompt_words
@@ -142,12 +142,8 @@ def test_training_with_the_pixel_loss_keeps_each_pixel_on_its_own_objects_words(
 
 def test_a_run_with_grounding_resumes_exactly_and_old_configs_mean_none(tmp_path):
     cfg = dict(steps=6, checkpoint_every=3, num_samples=0, grounding_weight=0.5, pixel_grounding_weight=0.2)
-    straight = Trainer(tiny_config(tmp_path / "a", **cfg))
-    straight.train(progress=False)
-    Trainer(tiny_config(tmp_path / "b", **{**cfg, "steps": 3})).train(progress=False)
-    resumed = Trainer(tiny_config(tmp_path / "b", steps=6, resume=True))
+    straight, resumed = straight_and_resumed(tmp_path, **cfg)
     assert (resumed.cfg.grounding_weight, resumed.cfg.pixel_grounding_weight) == (0.5, 0.2)
-    resumed.train(progress=False)
     assert all(torch.equal(p, q) for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()))
     saved = json.loads((tmp_path / "a" / "train_config.json").read_text())
     saved.pop("grounding_weight")

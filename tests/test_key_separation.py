@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import straight_and_resumed, tiny_config
 
 from unet.recipe import colour_pairs, key_separation_loss
 from unet.train import TrainConfig, Trainer, resumed_config
@@ -60,12 +60,8 @@ def test_training_with_the_term_pulls_the_colour_keys_apart(tmp_path):
 
 def test_a_run_with_the_term_resumes_exactly_and_old_configs_mean_none(tmp_path):
     cfg = dict(steps=6, checkpoint_every=3, key_separation_weight=0.5, key_margin=0.2)
-    straight = Trainer(tiny_config(tmp_path / "a", **cfg))
-    straight.train(progress=False)
-    Trainer(tiny_config(tmp_path / "b", **{**cfg, "steps": 3})).train(progress=False)
-    resumed = Trainer(tiny_config(tmp_path / "b", steps=6, resume=True))
+    straight, resumed = straight_and_resumed(tmp_path, **cfg)
     assert (resumed.cfg.key_separation_weight, resumed.cfg.key_margin) == (0.5, 0.2)
-    resumed.train(progress=False)
     assert all(torch.equal(p, q) for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()))
     saved = json.loads((tmp_path / "a" / "train_config.json").read_text())
     del saved["key_separation_weight"], saved["key_margin"]

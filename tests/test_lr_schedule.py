@@ -3,7 +3,7 @@ long constant run can be grown into at any step, which resumes exactly and which
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import straight_and_resumed, tiny_config
 
 from unet.cli import train as train_script
 from unet.recipe import lr_at
@@ -47,12 +47,8 @@ def test_bad_schedules_are_refused_by_name(setting, message):
 
 def test_a_cooldown_run_resumes_exactly(tmp_path):
     cfg = dict(steps=6, checkpoint_every=3, warmup=1, lr_schedule="cooldown", decay_start=2, decay_steps=3)
-    straight = Trainer(tiny_config(tmp_path / "a", **cfg))
-    straight.train(progress=False)
-    Trainer(tiny_config(tmp_path / "b", **{**cfg, "steps": 3})).train(progress=False)
-    resumed = Trainer(tiny_config(tmp_path / "b", steps=6, resume=True))
+    straight, resumed = straight_and_resumed(tmp_path, **cfg)
     assert (resumed.cfg.lr_schedule, resumed.cfg.decay_start, resumed.cfg.decay_steps) == ("cooldown", 2, 3)
-    resumed.train(progress=False)
     for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()):
         assert torch.equal(p, q)
     assert [g["lr"] for g in resumed.optimizer.param_groups][0] == pytest.approx(lr_at(5, resumed.cfg))

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import straight_and_resumed, tiny_config
 
 from unet.cli import train as train_script
 from unet.recipe import sample_timesteps
@@ -63,12 +63,8 @@ def test_config_saves_and_an_old_config_means_uniform(tmp_path):
 @pytest.mark.parametrize("mode", ["layout-share", "logit-normal"])
 def test_a_run_with_timestep_sampling_resumes_exactly(tmp_path, mode):
     cfg = dict(steps=6, checkpoint_every=3, timestep_sampling=mode)
-    straight = Trainer(tiny_config(tmp_path / "a", **cfg))
-    straight.train(progress=False)
-    Trainer(tiny_config(tmp_path / "b", **{**cfg, "steps": 3})).train(progress=False)
-    resumed = Trainer(tiny_config(tmp_path / "b", steps=6, resume=True))  # the saved config's sampling
-    assert resumed.cfg.timestep_sampling == mode
-    resumed.train(progress=False)
+    straight, resumed = straight_and_resumed(tmp_path, **cfg)
+    assert resumed.cfg.timestep_sampling == mode  # the saved config's sampling
     for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()):
         assert torch.equal(p, q)
 
