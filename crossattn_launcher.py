@@ -7,24 +7,9 @@ packages whose imports are the slow part), so the handlers are in place before t
 """
 
 import importlib
+import os
 import signal
 import sys
-
-_noted: list[int] = []  # signals received while importing
-
-
-def _interrupt(signum, frame):
-    _noted.append(signum)
-    raise KeyboardInterrupt(signum)
-
-
-def _quiet_unraisable(unraisable) -> None:
-    """An interrupt raised where Python cannot propagate it (importlib's module-lock weakref callback) is
-    already noted in `_noted`: print no "Exception ignored ... Traceback" block before the one line. (The same
-    as `unet.signals`' hook, repeated here because importing `unet` is the slow import this guards.)"""
-    if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        return
-    sys.__unraisablehook__(unraisable)
 
 
 def _report(signum: int) -> int:
@@ -32,23 +17,29 @@ def _report(signum: int) -> int:
     return 128 + signum
 
 
+def _exit_at_once(signum, frame):
+    """While importing, stop the process here rather than raise: the handler may run inside an extension
+    module's initialisation (torch's pybind11 imports), where a raised KeyboardInterrupt crosses C++ and
+    aborts the process ("terminate called ..."), or inside a callback that drops it. Nothing has been
+    written yet, so there is nothing to clean up."""
+    code = _report(signum)
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signum)
+
+
 def run(module: str, function: str = "main") -> int:
     """Import `module` and return what its `function()` returns, with interrupts reported in one line."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # background jobs ignore Ctrl-C: keep it so
-            signal.signal(signum, _interrupt)  # the command installs its own handlers once it runs
-    hook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
-    try:
-        main = getattr(importlib.import_module(module), function)
-    except BaseException as e:
-        # a library may catch the interrupt half-way through an import and fail later with another error
-        if _noted or isinstance(e, KeyboardInterrupt):
-            return _report(_noted[0] if _noted else signal.SIGINT)
-        raise
-    finally:
-        sys.unraisablehook = hook
-    if _noted:  # caught and dropped inside an import that still finished
-        return _report(_noted[0])
+    signums = [s for s in (signal.SIGINT, signal.SIGTERM)
+               if signal.getsignal(s) is not signal.SIG_IGN]  # background jobs ignore Ctrl-C: keep it so
+    for signum in signums:
+        signal.signal(signum, _exit_at_once)
+    main = getattr(importlib.import_module(module), function)
+    for signum in signums:  # the command installs its own handlers once it runs
+        signal.signal(signum, _interrupt)
     try:
         return main()
     except KeyboardInterrupt as e:  # the commands report their own; this is what came before they ran

@@ -330,6 +330,28 @@ def test_an_interrupt_lost_in_a_weakref_callback_while_importing_prints_one_line
     one_line(proc.stderr, "interrupted (SIGINT): while starting")
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_inside_an_extension_import_exits_with_one_line_not_an_abort(tmp_path, signum):
+    """A signal that lands while an extension module initialises (torch's pybind11 imports) must not raise
+    there: C++ turns the KeyboardInterrupt into std::terminate, an abort with "terminate called ...". The
+    module here does what C++ does with it, so a handler that raises aborts and one that exits does not."""
+    (tmp_path / "extension_like.py").write_text(
+        "import os, signal, sys, time\n"
+        "try:\n"
+        f"    os.kill(os.getpid(), {int(signum)})\n"
+        "    time.sleep(5)\n"
+        "except BaseException as e:\n"
+        "    print(f'terminate called after throwing {e!r}', file=sys.stderr)\n"
+        "    os.abort()\n"
+        "def main():\n    return 0\n")
+    script = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import crossattn_launcher; " \
+             "sys.exit(crossattn_launcher.run('extension_like'))"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          preexec_fn=default_sigint)
+    assert proc.returncode == 128 + signum, proc.stderr
+    one_line(proc.stderr, f"interrupted ({signal.Signals(signum).name}): while starting")
+
+
 def test_an_interrupt_lost_in_a_weakref_callback_prints_no_traceback_block(tiny_pipeline_dir, tmp_path):
     """SIGTERM raised inside a callback Python cannot propagate from: the run stops with one line, and the
     "Exception ignored ... Traceback" block Python would print is not there."""
