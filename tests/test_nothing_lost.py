@@ -166,6 +166,27 @@ def test_an_interrupt_while_the_pipeline_is_saved_says_what_is_on_disk_and_the_c
     assert (run / "pipeline" / "model_index.json").exists()
 
 
+def test_resume_without_steps_trains_to_the_length_the_run_was_started_with(base_run, tmp_path, capsys):
+    """A run stopped part-way keeps the --steps it was started with in its config: `--resume` alone finishes
+    it, rather than refusing because the default length is behind the checkpoint."""
+    import json
+    import shutil
+
+    from unet.checkpoint import read_metadata
+    run = tmp_path / "run"
+    shutil.copytree(base_run, run)
+    shutil.rmtree(run / "pipeline")
+    config = json.loads((run / "train_config.json").read_text())
+    (run / "train_config.json").write_text(json.dumps({**config, "steps": 5}))  # as a 5-step run stopped at 3
+    assert train_script.main(["--out", str(run), "--resume", "--quiet"]) == 0
+    assert read_metadata(run / "checkpoint.safetensors")[0]["step"] == "5"
+    assert [line.split(",")[0] for line in (run / "loss.csv").read_text().splitlines()][-1] == "5"
+    assert (run / "pipeline" / "model_index.json").exists()
+    # finished now: `--resume` alone has nothing left to train, and says how to go on
+    assert train_script.main(["--out", str(run), "--resume", "--quiet"]) == 2
+    one_line(capsys.readouterr().err, "give --steps above 5 to train on")
+
+
 # --- 16: a dead run's temp file
 def test_resume_removes_a_dead_runs_checkpoint_temp_file(base_run, tmp_path):
     import shutil

@@ -60,13 +60,14 @@ def parse_args(argv=None):
     for f in fields(TrainConfig):
         if f.name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from") or isinstance(f.default, tuple):
             continue
-        default = None if f.name in GROWTH else f.default
+        default = None if f.name in GROWTH or f.name == "steps" else f.default
         if isinstance(f.default, bool):
             p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=default,
                            help=f"(default: {f.default})")
             continue
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=default,
-                       help=f"(default: {f.default})")
+                       help=f"step to train to (default: {f.default}; with --resume or --grow-from, the run's own)"
+                       if f.name == "steps" else f"(default: {f.default})")
     p.add_argument("--channels", type=int, nargs="+", default=list(defaults.channels), help="width per level")
     p.add_argument("--self-attention-levels", type=int, nargs="*", default=None, metavar="LEVEL",
                    help="levels (0 = full resolution) whose transformers self-attend before they cross-attend; "
@@ -87,6 +88,16 @@ def self_attention_flags(chosen: list[int], count: int) -> tuple:
     return tuple(i in chosen for i in range(count))
 
 
+def saved_steps(out: Path) -> int | None:
+    """The length a run folder was started with, which a --resume without --steps trains to; None where the
+    folder's config cannot say (check_resumable then says why)."""
+    try:
+        steps = json.loads((out / "train_config.json").read_text())["steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
 def training_config(args) -> TrainConfig:
     """The TrainConfig the command line asks for; with --grow-from, RUN's own, changed only as given."""
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
@@ -97,6 +108,8 @@ def training_config(args) -> TrainConfig:
                          "learning-rate schedule, so that it continues exactly; to change it (e.g. a cooldown), "
                          "--grow-from the run into a new folder")
     if args.grow_from is None:
+        if values["steps"] is None:
+            values["steps"] = (args.resume and saved_steps(Path(args.out))) or TrainConfig().steps
         if values.get("side_hint_gain") is not None and values.get("text_variant") != "side-hints":
             raise UsageError(f"--side-hint-gain {values['side_hint_gain']}: it applies only with --text-variant "
                              "side-hints (or when --grow-from adds them)")
@@ -112,7 +125,8 @@ def training_config(args) -> TrainConfig:
     source = Path(args.grow_from)
     check_resumable(source, flag="--grow-from")
     saved = json.loads((source / "train_config.json").read_text())
-    cfg = resumed_config(TrainConfig(out=args.out, steps=args.steps, max_minutes=args.max_minutes), saved)
+    steps = args.steps if args.steps is not None else saved.get("steps", TrainConfig().steps)
+    cfg = resumed_config(TrainConfig(out=args.out, steps=steps, max_minutes=args.max_minutes), saved)
     step = checkpoint.read_metadata(source / "checkpoint.safetensors")[0]["step"]
     if cfg.grown_from is not None and cfg.grown_from.rsplit("@", 1)[-1] == step:
         raise UsageError(f"{source} was grown from {cfg.grown_from} and has not saved a step of its own: its "
