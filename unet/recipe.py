@@ -178,6 +178,32 @@ def pixel_grounding_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> to
     return torch.stack(per_layer).mean()
 
 
+def object_overlap_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> torch.Tensor:
+    """How much two objects' attention maps overlap: for every two tokens that name different objects of a caption,
+    the histogram intersection (sum over pixels of the smaller share) of the maps of their objects' words, each map
+    normalised over the pixels; 1 for the same map, 0 for maps on different pixels. Averaged over those pairs,
+    then over layers.
+
+    Unlike the token and pixel losses it asks nothing of where the objects are, only that they be in different
+    places, so it also teaches the noisiest steps, where the input does not show the objects yet: in the misses that
+    draw one shape twice, the two shape words' maps stay on the same pixels through the first sampling steps while
+    a right image's pull apart by the second or third (docs/experiments/why-the-second-object-goes-missing.md).
+
+    weights: each layer's (B, heads, N, T); masks: `word_masks`' (B, T, H, W), only to tell which tokens name the
+    same object (their masks are equal) and which name different ones."""
+    flat = masks.flatten(2)  # (B, T, HW)
+    named = flat.sum(-1) > 0  # (B, T)
+    same = (flat[:, :, None] == flat[:, None]).all(-1) & named[:, :, None] & named[:, None]  # (B, T, T)
+    different = named[:, :, None] & named[:, None] & ~same  # (B, T, T)
+    per_layer = []
+    for w in weights:
+        read = w.mean(1) @ same.float()  # (B, N, T): each query's attention on all words of token t's object
+        share = read / read.sum(1, keepdim=True).clamp_min(1e-12)  # (B, N, T): the object's map over the pixels
+        overlap = torch.minimum(share[:, :, :, None], share[:, :, None, :]).sum(1)  # (B, T, T)
+        per_layer.append(overlap[different].mean() if different.any() else w.sum() * 0)
+    return torch.stack(per_layer).mean()
+
+
 def colour_pairs(captions: list[str], tokenizer) -> torch.Tensor:
     """(P, 3) long: (caption, token of its first colour word, token of its second) for every caption that names two
     different colours -- the pairs whose Keys `key_separation_loss` keeps apart (a dropped caption "" has none)."""

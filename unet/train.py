@@ -44,6 +44,7 @@ from .recipe import (
     key_separation_loss,
     lr_at,
     noise_scheduler,
+    object_overlap_loss,
     pixel_grounding_loss,
     sample_timesteps,
     word_masks,
@@ -109,6 +110,9 @@ class TrainConfig:
     # > 0: add this times the pixel loss (recipe.pixel_grounding_loss, TokenCompose's): each pixel reads the words of
     # its own object and no other object's (fresh scenes only, like the token loss above)
     pixel_grounding_weight: float = 0.0
+    # > 0: add this times recipe.object_overlap_loss: two objects' words attend to different pixels, at every noise
+    # level (fresh scenes only; the masks only say which words name which object)
+    overlap_weight: float = 0.0
     # > 0: add this times recipe.key_separation_loss: in every cross-attention layer, a caption's two different colour
     # words are pushed apart where their Keys' cosine is above key_margin (the evaluation's target is 0.5)
     key_separation_weight: float = 0.0
@@ -172,13 +176,14 @@ class TrainConfig:
             raise ValueError(f"--text-lr must be a finite number >= 0 (0: the CLIP stays frozen), got {self.text_lr}")
         terms = (("--grounding-weight", self.grounding_weight),
                  ("--pixel-grounding-weight", self.pixel_grounding_weight),
+                 ("--overlap-weight", self.overlap_weight),
                  ("--key-separation-weight", self.key_separation_weight))
         for flag, weight in terms:
             if not (math.isfinite(weight) and weight >= 0):
                 raise ValueError(f"{flag} must be a finite number >= 0 (0: none), got {weight}")
         if not -1 <= self.key_margin < 1:
             raise ValueError(f"--key-margin is a cosine in [-1, 1), got {self.key_margin}")
-        for flag, weight in terms[:2]:  # the key term needs no masks
+        for flag, weight in terms[:3]:  # the key term needs no masks
             if weight and (self.data is not None or self.num_samples):
                 raise ValueError(f"{flag} needs fresh scenes (no --data, --num-samples 0): the object masks it "
                                  "trains on are drawn with each batch, and a dataset folder keeps none")
@@ -446,7 +451,7 @@ class Trainer:
         images, captions = to_model_range(images[part]), captions[part]
         coin = torch.rand(len(captions), generator=torch.Generator().manual_seed(cfg.seed + step))
         captions = ["" if drop else c for drop, c in zip((coin < cfg.caption_dropout).tolist(), captions)]
-        grounded = cfg.grounding_weight or cfg.pixel_grounding_weight
+        grounded = cfg.grounding_weight or cfg.pixel_grounding_weight or cfg.overlap_weight
         masks = word_masks(scenes[part], captions, self.tokenizer) if grounded else None
         return images, captions, masks
 
@@ -470,7 +475,8 @@ class Trainer:
             return loss
         masks = masks.to(device)
         return (loss + self.cfg.grounding_weight * grounding_loss(weights, masks)
-                + self.cfg.pixel_grounding_weight * pixel_grounding_loss(weights, masks))
+                + self.cfg.pixel_grounding_weight * pixel_grounding_loss(weights, masks)
+                + self.cfg.overlap_weight * object_overlap_loss(weights, masks))
 
     @torch.no_grad()
     def update_ema(self):

@@ -33,8 +33,8 @@ SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learni
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
 GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "colourless_share",
           "caption_dropout", "text_variant", "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction",
-          "logit_mean", "logit_std", "layout_every", "layout_seeds", "text_lr",
-          "grounding_weight", "pixel_grounding_weight", "key_separation_weight", "key_margin", *SCHEDULE)
+          "logit_mean", "logit_std", "layout_every", "layout_seeds", "text_lr", "grounding_weight",
+          "pixel_grounding_weight", "overlap_weight", "key_separation_weight", "key_margin", *SCHEDULE)
 
 
 def parse_args(argv=None):
@@ -53,9 +53,10 @@ def parse_args(argv=None):
                         "--colourless-share, --caption-dropout, --text-variant side-hints, --side-hint-gain, "
                         "--timestep-sampling (with --layout-share, --layout-fraction, --logit-mean, --logit-std), "
                         "--clip (the U-Net continues on that frozen text side), --text-lr (RUN's CLIP text encoder "
-                        "trains too), --grounding-weight, --pixel-grounding-weight, --key-separation-weight (with "
-                        "--key-margin), --lr-schedule (with --min-lr, --decay-start, --decay-steps: a cooldown of a "
-                        "constant run) (everything else as RUN has it); RUN is only read")
+                        "trains too), --grounding-weight, --pixel-grounding-weight, --overlap-weight, "
+                        "--key-separation-weight (with --key-margin), --lr-schedule (with --min-lr, --decay-start, "
+                        "--decay-steps: a cooldown of a constant run) (everything else as RUN has it); RUN is only "
+                        "read")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for f in fields(TrainConfig):
         if f.name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from") or isinstance(f.default, tuple):
