@@ -168,6 +168,27 @@ def test_two_object_diagnosis_samples_what_fresh_seeds_scores_and_sorts_its_miss
                                                    "asked circle + square, drawn square + square": 1}
 
 
+def test_the_overlap_pass_samples_the_same_images_and_reads_one_overlap_per_step(tiny_pipeline):
+    """diagnose.py two-objects' second pass: the same images right or wrong as the first, one overlap in [0, 1] per
+    step, summarised per band of steps for right images, wrong ones and those that draw one shape twice."""
+    from unet.eval.evaluate import generate_batches
+    from unet.eval.prompts import eval_prompts
+    from unet.research.diagnose import object_map_overlap, overlap_summary
+    tasks = ("two_object", "color_attr")
+    second = object_map_overlap(tiny_pipeline, tasks=tasks, seeds=2, base_seed=7, steps=3)
+    fresh, _ = generate_batches(tiny_pipeline, [p for p in eval_prompts() if p.task in tasks], 2, 7, 3, 1.0)
+    assert [(r["prompt"], r["ok"]) for r in second] == [(r["prompt"], r["ok"]) for r in fresh]
+    assert all(len(r["overlap"]) == 3 and all(0 <= v <= 1 + 1e-4 for v in r["overlap"]) for r in second)
+
+    def summary_of(overlaps, ok):
+        rows = [{"task": "two_object", "ok": k, "drawn": ["circle", "circle"] if not k else ["circle", "square"],
+                 "overlap": o} for o, k in zip(overlaps, ok)]
+        return overlap_summary(rows)["two_object"]
+    summary = summary_of([[0.5] * 5 + [0.2] * 20, [0.9] * 25], [True, False])
+    assert summary["right"] == {"steps 1-5": 0.5, "steps 6-12": 0.2, "steps 13-25": 0.2, "images": 1}
+    assert summary["one shape drawn twice"]["steps 1-5"] == 0.9 == summary["wrong"]["steps 13-25"]
+
+
 def test_diagnose_refuses_a_seed_count_below_one_before_loading_a_model(tmp_path, capsys):
     from unet.research import diagnose
     assert diagnose.main(["two-objects", "--out", str(tmp_path / "d"), "--seeds", "0"]) == 2

@@ -19,7 +19,9 @@ before the final LayerNorm (does one massive dimension cause the merge, or the w
 two-objects: when a prompt with two objects is missed, what was drawn, and did the x0 estimate ever show both
 objects right? The evaluation's two-object and colour-attribution prompts are sampled exactly as `evaluate.py
 --fresh-seeds 50000` samples them (same batches, same noise: the same images), and the detector reads the
-final image and the x0 estimate of every step. Unguided models only. Its default of 24 seeds matches those fresh seeds.
+final image and the x0 estimate of every step; a second pass of the same images reads, at every step, how much
+the two objects' word maps overlap (right images against misses). Unguided models only. Its default of 24 seeds
+matches those fresh seeds.
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -35,6 +37,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from crossattn.overlay import to_uint8
+from crossattn.text import prompt_words
 from unet.cli import UsageError, usage_error
 from unet.data import COLORS, SHAPES
 from unet.eval.detect import detect
@@ -154,6 +158,68 @@ def objects_along_sampling(pipe, tasks=("two_object", "color_attr"), seeds: int 
     return records
 
 
+@torch.no_grad()
+def object_map_overlap(pipe, tasks=("two_object", "color_attr"), seeds: int = 24, base_seed: int = 50_000,
+                       steps: int = 25) -> list[dict]:
+    """Per image of `objects_along_sampling` (same prompts, batches and noise), at each step, how much the two
+    objects' word maps overlap: the histogram intersection of the cross-attention on each object's words (colour and
+    shape), normalised over the pixels, averaged over heads and layers (`recipe.object_overlap_loss`, read on
+    samples); 1 is one map, 0 maps on different pixels. A pass of its own: the evaluation's store takes the layers'
+    observer, so the images are sampled again and their own right/wrong is returned beside the overlaps."""
+    from unet.eval.prompts import check, eval_prompts, word_objects
+    from unet.recipe import cross_attention_weights
+    prompts = [p for p in eval_prompts() if p.task in tasks]
+    overlaps = []  # per U-Net call: (B,) overlaps of the batch's images
+    out = []
+    for start in range(0, len(prompts), 8):  # generate_batches' chunks and generators
+        chunk = prompts[start:start + 8]
+        groups = torch.zeros(len(chunk) * seeds, pipe.tokenizer.model_max_length, 2)  # (B, T, 2): tokens per object
+        for i, p in enumerate(chunk):
+            words = prompt_words(pipe.tokenizer, p.prompt)
+            for w, obj in word_objects(p.prompt).items():
+                if obj < 2:
+                    groups[i * seeds:(i + 1) * seeds, words[w].tokens, obj] = 1
+        with cross_attention_weights(pipe.unet) as weights:
+            def per_call(module, args, output, groups=groups):
+                per_layer = []
+                for w in weights:
+                    read = w.mean(1) @ groups.to(w.device)  # (B, N, 2): each pixel's attention on each object's words
+                    share = read / read.sum(1, keepdim=True).clamp_min(1e-12)
+                    per_layer.append(torch.minimum(share[..., 0], share[..., 1]).sum(1))  # (B,)
+                overlaps.append(torch.stack(per_layer).mean(0).cpu())
+                weights.clear()
+            handle = pipe.unet.register_forward_hook(per_call)
+            try:
+                images = pipe([p.prompt for p in chunk], num_images_per_prompt=seeds, num_inference_steps=steps,
+                              guidance_scale=1.0, generator=torch.Generator().manual_seed(base_seed + start),
+                              output_type="np", show_progress=False).images
+            finally:
+                handle.remove()
+        calls = overlaps[-steps:]
+        for i, image in enumerate(to_uint8(images)):
+            p = chunk[i // seeds]
+            out.append({"prompt": p.prompt, "ok": check(p, detect(image))[0],
+                        "overlap": [round(c[i].item(), 4) for c in calls]})
+    return out
+
+
+def overlap_summary(records: list[dict]) -> dict:
+    """Mean map overlap of `object_map_overlap` over steps 1-5, 6-12 and 13-25 (of 25), right images against
+    wrong ones, and against the wrong images that draw one shape twice, per task."""
+    bands = {"steps 1-5": slice(0, 5), "steps 6-12": slice(5, 12), "steps 13-25": slice(12, None)}
+    out = {}
+    for task in sorted({r["task"] for r in records}):
+        rows = [r for r in records if r["task"] == task]
+        twice = [r for r in rows if not r["ok"] and len(r["drawn"]) >= 2
+                 and len({d.split()[-1] for d in r["drawn"]}) == 1]
+        out[task] = {name: {band: round(float(np.mean([np.mean(r["overlap"][cut]) for r in group])), 3)
+                            for band, cut in bands.items()} | {"images": len(group)}
+                     for name, group in (("right", [r for r in rows if r["ok"]]),
+                                         ("wrong", [r for r in rows if not r["ok"]]),
+                                         ("one shape drawn twice", twice)) if group}
+    return out
+
+
 def miss_kinds(records: list[dict]) -> dict:
     """Sorts the wrong images of `objects_along_sampling` by what was drawn at the end and whether the x0
     estimate ever showed both objects right, and says at which step (from 1) the right ones first showed both."""
@@ -192,7 +258,6 @@ WORD_PROMPTS = (("a red circle left of a blue square", "red", "blue"),
 def word_merging(pipe, zeroed=(0, 1, 2, 3)) -> dict:
     """Per prompt of `WORD_PROMPTS`: the two words' cosine per layer and at the output with the largest
     dimensions zeroed before the final LayerNorm; the largest |activation| of each token after the last layer."""
-    from crossattn.text import prompt_words
     encoder, result = pipe.text_encoder, {}
     for prompt, first, second in WORD_PROMPTS:
         words = prompt_words(pipe.tokenizer, prompt)
@@ -249,7 +314,12 @@ def main(argv=None) -> int:
             records = objects_along_sampling(pipe, seeds=args.seeds)
         except UsageError as e:
             return usage_error(e)
-        result["two_objects"] = {"summary": miss_kinds(records),
+        second = object_map_overlap(pipe, seeds=args.seeds)
+        for r, again in zip(records, second):
+            r["overlap"] = again["overlap"]
+        agree = sum(r["ok"] == again["ok"] for r, again in zip(records, second))
+        result["two_objects"] = {"summary": miss_kinds(records), "map_overlap": overlap_summary(records),
+                                 "overlap pass agrees on right/wrong": f"{agree} of {len(records)}",
                                  "images": [{k: v for k, v in r.items() if k != "image"} for r in records]}
         misses = [np.pad(r["image"], ((2, 2), (2, 2), (0, 0)), constant_values=128) for r in records
                   if not r["ok"]][:32]  # the first misses, 8 per row, grey-framed
