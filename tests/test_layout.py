@@ -189,6 +189,14 @@ def test_the_overlap_pass_samples_the_same_images_and_reads_one_overlap_per_step
     assert summary["one shape drawn twice"]["steps 1-5"] == 0.9 == summary["wrong"]["steps 13-25"]
 
 
+def test_diagnose_keeps_an_earlier_result_unless_told_to_overwrite_it(tmp_path, capsys):
+    from unet.research import diagnose
+    (tmp_path / "two-objects.json").write_text("an earlier diagnosis")
+    assert diagnose.main(["two-objects", "--out", str(tmp_path), "--model", str(tmp_path / "none")]) == 2
+    assert "already holds two-objects.json; pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "two-objects.json").read_text() == "an earlier diagnosis"
+
+
 def test_diagnose_refuses_a_seed_count_below_one_before_loading_a_model(tmp_path, capsys):
     from unet.research import diagnose
     assert diagnose.main(["two-objects", "--out", str(tmp_path / "d"), "--seeds", "0"]) == 2

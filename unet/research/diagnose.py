@@ -286,6 +286,7 @@ def main(argv=None) -> int:
     p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects"])
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", required=True, help="folder for <what>.json")
+    p.add_argument("--overwrite", action="store_true", help="replace a <what>.json (and misses.png) already in --out")
     p.add_argument("--seeds", type=int, default=None, help="seeds per prompt (default 4; two-objects: 24, the "
                    "images of evaluate.py --fresh-seeds 50000 --seeds 24)")
     p.add_argument("--guidance", type=float, default=None,
@@ -295,6 +296,9 @@ def main(argv=None) -> int:
         args.seeds = 24 if args.what == "two-objects" else 4
     if args.seeds < 1:
         return usage_error(UsageError(f"--seeds must be a positive integer, got {args.seeds}"))
+    if (Path(args.out) / f"{args.what}.json").exists() and not args.overwrite:
+        return usage_error(UsageError(f"--out {args.out} already holds {args.what}.json; pass --overwrite to replace "
+                                      "it, or choose another folder"))
     try:
         pipe = load_pipeline(args.model)
     except UsageError as e:
