@@ -189,6 +189,32 @@ def test_the_overlap_pass_samples_the_same_images_and_reads_one_overlap_per_step
     assert summary["one shape drawn twice"]["steps 1-5"] == 0.9 == summary["wrong"]["steps 13-25"]
 
 
+def test_text_routes_replace_the_padding_or_the_pooled_text_with_the_empty_prompts_and_put_them_back(tiny_pipeline):
+    import pytest
+    import torch
+
+    from unet.cli import UsageError
+    from unet.research.diagnose import text_route_replaced
+    pipe, prompt = tiny_pipeline, "a red circle"
+    real, empty = pipe.encode_prompt([prompt]), pipe.encode_prompt([""])
+    end = len(pipe.tokenizer(prompt).input_ids) - 1  # start, words, end
+    with text_route_replaced(pipe, "padding of the empty prompt"):
+        replaced = pipe.encode_prompt([prompt])
+    assert torch.equal(replaced[0, :end + 1], real[0, :end + 1])  # the words and the end token as they were
+    assert torch.equal(replaced[0, end + 1:], empty[0, end + 1:]) and not torch.equal(replaced, real)
+    assert "encode_prompt" not in pipe.__dict__ and torch.equal(pipe.encode_prompt([prompt]), real)
+    if pipe.unet.pooled_text_proj is None:
+        with pytest.raises(UsageError, match="no pooled text"):
+            with text_route_replaced(pipe, "pooled text of the empty prompt"):
+                pass
+        pipe.unet.pooled_text_proj = torch.nn.Linear(real.shape[-1], 8)  # as a model trained with --pooled-text
+    proj = pipe.unet.pooled_text_proj
+    with text_route_replaced(pipe, "pooled text of the empty prompt"):
+        a, b = pipe.unet.pooled_text_proj(real[:, -1]), pipe.unet.pooled_text_proj(torch.randn_like(real[:, -1]))
+    assert torch.equal(a, b) and torch.equal(a, proj(empty[:, -1]))  # the empty prompt's, whatever the prompt
+    assert pipe.unet.pooled_text_proj is proj
+
+
 def test_diagnose_keeps_an_earlier_result_unless_told_to_overwrite_it(tmp_path, capsys):
     from unet.research import diagnose
     (tmp_path / "two-objects.json").write_text("an earlier diagnosis")

@@ -5,6 +5,7 @@
     python scripts/diagnose.py unconditional --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py words --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py two-objects --model PATH --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py text-routes --model PATH --out outputs/examples/diagnosis/NAME
 
 first-step: for single-object colour prompts, samples the same seeds twice: with trailing DDIM, whose first step is
 t = T (for an epsilon model at ~zero SNR, the x0 estimate there is noise amplified by 1/sqrt(alpha_bar)),
@@ -22,6 +23,8 @@ objects right? The evaluation's two-object and colour-attribution prompts are sa
 final image and the x0 estimate of every step; a second pass of the same images reads, at every step, how much
 the two objects' word maps overlap (right images against misses). Unguided models only. Its default of 24 seeds
 matches those fresh seeds.
+text-routes: the same fresh seeds' two-object and colour-attribution prompts, sampled as trained and with the pooled
+text, or the padding tokens' states, replaced by the empty prompt's (routes that carry both shapes unbound).
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -31,6 +34,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +252,58 @@ def miss_kinds(records: list[dict]) -> dict:
     return out
 
 
+TEXT_ROUTES = ("as trained", "pooled text of the empty prompt", "padding of the empty prompt")
+
+
+@contextmanager
+def text_route_replaced(pipe, route: str):
+    """Sample with one route by which the prompt reaches the U-Net replaced by the empty prompt's: the pooled text
+    (the end token's state, added to the time embedding where the model has `pooled_text`) or the padding tokens
+    (every state after the end token, which a causal encoder fills with a summary of the whole prompt). Both carry
+    every word of the prompt to every pixel without saying which object is which."""
+    empty = pipe.encode_prompt([""])  # (1, T, D)
+    if route == "pooled text of the empty prompt":
+        proj = pipe.unet.pooled_text_proj
+        if proj is None:
+            raise UsageError("this model has no pooled text (trained without --pooled-text): nothing to replace")
+
+        class EmptyPooled(torch.nn.Module):
+            def forward(self, pooled):  # (B, D) -> (B, time_dim), the empty prompt's whatever the prompt
+                return proj(empty[:, -1].expand(len(pooled), -1))
+        pipe.unet.pooled_text_proj = EmptyPooled()
+    elif route == "padding of the empty prompt":
+        tokenizer, real = pipe.tokenizer, pipe.encode_prompt
+
+        def encode(prompts: list[str]) -> torch.Tensor:
+            context = real(prompts)  # (B, T, D)
+            ids = tokenizer(prompts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+                            return_tensors="pt").input_ids
+            for b in range(len(prompts)):
+                end = int((ids[b] == tokenizer.eos_token_id).nonzero()[0])  # the first: padding repeats it
+                context[b, end + 1:] = empty[0, end + 1:]
+            return context
+        pipe.encode_prompt = encode
+    try:
+        yield pipe
+    finally:
+        if route == "pooled text of the empty prompt":
+            pipe.unet.pooled_text_proj = proj
+        pipe.__dict__.pop("encode_prompt", None)
+
+
+def text_routes(pipe, seeds: int = 24, base_seed: int = 50_000) -> dict:
+    """Right images of `evaluate.py --fresh-seeds` (two objects, colour attribution) with each of `TEXT_ROUTES`:
+    does a route that carries both shapes unbound make one shape be drawn twice?"""
+    from unet.eval.evaluate import prompt_following_on_fresh_seeds
+    out = {}
+    for route in TEXT_ROUTES:
+        with text_route_replaced(pipe, route):
+            scores = prompt_following_on_fresh_seeds(pipe, seeds, base_seed, tasks=("color_attr", "two_object"),
+                                                     progress=False)
+        out[route] = {task: f"{right} / {images}" for task, (right, images) in scores["right_of"].items()}
+    return out
+
+
 WORD_PROMPTS = (("a red circle left of a blue square", "red", "blue"),
                 ("a green triangle above a yellow circle", "green", "yellow"),
                 ("a red square and a green triangle", "red", "green"),
@@ -283,7 +339,7 @@ def word_merging(pipe, zeroed=(0, 1, 2, 3)) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects"])
+    p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects", "text-routes"])
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", required=True, help="folder for <what>.json")
     p.add_argument("--overwrite", action="store_true", help="replace a <what>.json (and misses.png) already in --out")
@@ -293,7 +349,7 @@ def main(argv=None) -> int:
                    help="first-step: guidance of the x0 estimate (default: the model's own)")
     args = p.parse_args(argv)
     if args.seeds is None:
-        args.seeds = 24 if args.what == "two-objects" else 4
+        args.seeds = 24 if args.what in ("two-objects", "text-routes") else 4
     if args.seeds < 1:
         return usage_error(UsageError(f"--seeds must be a positive integer, got {args.seeds}"))
     if (Path(args.out) / f"{args.what}.json").exists() and not args.overwrite:
@@ -333,6 +389,11 @@ def main(argv=None) -> int:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             Image.fromarray(grid).resize((grid.shape[1] * 4, grid.shape[0] * 4), Image.NEAREST).save(
                 Path(args.out) / "misses.png")
+    elif args.what == "text-routes":
+        try:
+            result["text_routes"] = text_routes(pipe, seeds=args.seeds)
+        except UsageError as e:
+            return usage_error(e)
     elif args.what == "grain":
         result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
     else:
