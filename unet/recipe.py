@@ -200,11 +200,11 @@ def object_overlap_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> tor
     named = masks.flatten(2).sum(-1) > 0  # (B, T)
     same = same_object(masks)  # (B, T, T)
     different = named[:, :, None] & named[:, None] & ~same  # (B, T, T)
+    b, s, t = different.nonzero(as_tuple=True)  # (P,) each: the pairs, not all T x T
     per_layer = []
     for w in weights:
         read = w.mean(1) @ same.float()  # (B, N, T): each query's attention on all words of token t's object
         share = read / read.sum(1, keepdim=True).clamp_min(1e-12)  # (B, N, T): the object's map over the pixels
-        b, s, t = different.nonzero(as_tuple=True)  # (P,) each: the pairs, not all T x T
         overlap = torch.minimum(share[b, :, s], share[b, :, t]).sum(-1)  # (P,)
         per_layer.append(overlap.mean() if len(b) else w.sum() * 0)
     return torch.stack(per_layer).mean()
