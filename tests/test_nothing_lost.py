@@ -333,6 +333,14 @@ def test_console_commands_interrupted_while_importing_give_one_line(tmp_path, co
     assert not (tmp_path / "out").exists()
 
 
+def launched(folder, module: str) -> subprocess.CompletedProcess:
+    """`module` (a file in `folder`) started as the commands start: through crossattn_launcher.run."""
+    script = f"import sys; sys.path.insert(0, {str(folder)!r}); import crossattn_launcher; " \
+             f"sys.exit(crossattn_launcher.run({module!r}))"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          preexec_fn=default_sigint)
+
+
 def test_an_interrupt_lost_in_a_weakref_callback_while_importing_prints_one_line(tmp_path):
     """Python may run the signal handler inside importlib's module-lock weakref callback, where the
     KeyboardInterrupt it raises is "ignored": the launcher still prints only its one line."""
@@ -343,10 +351,7 @@ def test_an_interrupt_lost_in_a_weakref_callback_while_importing_prints_one_line
         "weakref.finalize(thing, lambda: os.kill(os.getpid(), signal.SIGINT) or time.sleep(2))\n"
         "del thing\n"
         "def main():\n    return 0\n")
-    script = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import crossattn_launcher; " \
-             "sys.exit(crossattn_launcher.run('slow_module'))"
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          preexec_fn=default_sigint)
+    proc = launched(tmp_path, "slow_module")
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr
     one_line(proc.stderr, "interrupted (SIGINT): while starting")
 
@@ -365,10 +370,7 @@ def test_an_interrupt_inside_an_extension_import_exits_with_one_line_not_an_abor
         "    print(f'terminate called after throwing {e!r}', file=sys.stderr)\n"
         "    os.abort()\n"
         "def main():\n    return 0\n")
-    script = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import crossattn_launcher; " \
-             "sys.exit(crossattn_launcher.run('extension_like'))"
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          preexec_fn=default_sigint)
+    proc = launched(tmp_path, "extension_like")
     assert proc.returncode == 128 + signum, proc.stderr
     one_line(proc.stderr, f"interrupted ({signal.Signals(signum).name}): while starting")
 
