@@ -184,11 +184,17 @@ def pixel_grounding_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> to
     return torch.stack(per_layer).mean()
 
 
+def map_overlap(read_a: torch.Tensor, read_b: torch.Tensor) -> torch.Tensor:
+    """Histogram intersection of two attention maps (..., N): each normalised over its N pixels, the sum of the
+    smaller share at every pixel; 1 for one map, 0 for maps on different pixels."""
+    a = read_a / read_a.sum(-1, keepdim=True).clamp_min(1e-12)
+    b = read_b / read_b.sum(-1, keepdim=True).clamp_min(1e-12)
+    return torch.minimum(a, b).sum(-1)
+
+
 def object_overlap_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> torch.Tensor:
     """How much two objects' attention maps overlap: for every two tokens that name different objects of a caption,
-    the histogram intersection (sum over pixels of the smaller share) of the maps of their objects' words, each map
-    normalised over the pixels; 1 for the same map, 0 for maps on different pixels. Averaged over those pairs,
-    then over layers.
+    the `map_overlap` of the maps of their objects' words. Averaged over those pairs, then over layers.
 
     Unlike the token and pixel losses it asks nothing of where the objects are, only that they be in different
     places, so it also teaches the noisiest steps, where the input does not show the objects yet: in the misses that
@@ -204,8 +210,7 @@ def object_overlap_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> tor
     per_layer = []
     for w in weights:
         read = w.mean(1) @ same.float()  # (B, N, T): each query's attention on all words of token t's object
-        share = read / read.sum(1, keepdim=True).clamp_min(1e-12)  # (B, N, T): the object's map over the pixels
-        overlap = torch.minimum(share[b, :, s], share[b, :, t]).sum(-1)  # (P,)
+        overlap = map_overlap(read[b, :, s], read[b, :, t])  # (P,)
         per_layer.append(overlap.mean() if len(b) else w.sum() * 0)
     return torch.stack(per_layer).mean()
 

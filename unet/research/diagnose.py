@@ -167,11 +167,11 @@ def object_map_overlap(pipe, tasks=("two_object", "color_attr"), seeds: int = 24
                        steps: int = 25) -> list[dict]:
     """Per image of `objects_along_sampling` (same prompts, batches and noise), at each step, how much the two
     objects' word maps overlap: the histogram intersection of the cross-attention on each object's words (colour and
-    shape), normalised over the pixels, averaged over heads and layers (`recipe.object_overlap_loss`, read on
-    samples); 1 is one map, 0 maps on different pixels. A pass of its own: the evaluation's store takes the layers'
+    shape), averaged over heads and layers (`recipe.map_overlap`, as `recipe.object_overlap_loss` reads it in
+    training); 1 is one map, 0 maps on different pixels. A pass of its own: the evaluation's store takes the layers'
     observer, so the images are sampled again and their own right/wrong is returned beside the overlaps."""
     from unet.eval.prompts import check, eval_prompts, word_objects
-    from unet.recipe import cross_attention_weights
+    from unet.recipe import cross_attention_weights, map_overlap
     prompts = [p for p in eval_prompts() if p.task in tasks]
     overlaps = []  # per U-Net call: (B,) overlaps of the batch's images
     out = []
@@ -188,8 +188,7 @@ def object_map_overlap(pipe, tasks=("two_object", "color_attr"), seeds: int = 24
                 per_layer = []
                 for w in weights:
                     read = w.mean(1) @ groups.to(w.device)  # (B, N, 2): each pixel's attention on each object's words
-                    share = read / read.sum(1, keepdim=True).clamp_min(1e-12)
-                    per_layer.append(torch.minimum(share[..., 0], share[..., 1]).sum(1))  # (B,)
+                    per_layer.append(map_overlap(read[..., 0], read[..., 1]))  # (B,)
                 overlaps.append(torch.stack(per_layer).mean(0).cpu())
                 weights.clear()
             handle = pipe.unet.register_forward_hook(per_call)
