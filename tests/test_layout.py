@@ -215,6 +215,54 @@ def test_text_routes_replace_the_padding_or_the_pooled_text_with_the_empty_promp
     assert pipe.unet.pooled_text_proj is proj
 
 
+def test_the_second_object_blind_route_changes_only_what_reads_the_second_object(tiny_pipeline):
+    import torch
+
+    from crossattn.text import prompt_words
+    from unet.research.diagnose import second_object_blind_mask, text_route_replaced
+    pipe, prompts = tiny_pipeline, ["a circle and a square", "a red circle"]
+    words = {w.text + str(w.index): w.tokens[0] for w in prompt_words(pipe.tokenizer, prompts[0])}
+    mask = second_object_blind_mask(pipe.tokenizer, prompts)[:, 0]  # (B, T, T)
+    blocked = (mask < 0) & torch.ones_like(mask).tril().bool()  # what the causal mask alone would allow
+    assert blocked[1].sum() == 0  # one shape: the causal mask alone
+    rows, cols = blocked[0].nonzero().T
+    assert set(rows.tolist()) == {words["a3"], words["square4"]}
+    assert set(cols.tolist()) == {words["a0"], words["circle1"]}
+    real = pipe.encode_prompt(prompts)
+    with text_route_replaced(pipe, "second object blind to the first"):
+        blind = pipe.encode_prompt(prompts)
+    assert torch.equal(blind[1], real[1])  # one object: nothing to hide
+    assert torch.equal(blind[0, :words["a3"]], real[0, :words["a3"]])  # up to "and", as trained
+    assert not torch.allclose(blind[0, words["square4"]], real[0, words["square4"]])
+    assert torch.equal(pipe.encode_prompt(prompts), real)  # put back
+
+
+def test_object_regions_label_the_two_largest_objects_and_the_wall_cuts_only_between_them():
+    import numpy as np
+    import torch
+
+    from unet.data import COLORS
+    from unet.research.diagnose import SelfAttentionWall, object_regions
+    image = np.zeros((16, 16, 3), dtype=np.uint8)
+    image[1:7, 1:7] = COLORS["red"]  # 36 pixels: the larger object, label 1
+    image[10:14, 10:14] = COLORS["blue"]  # 16 pixels, label 2
+    assert object_regions(image[:8, :8]).max() == 0  # one object: no wall
+    labels = object_regions(image, grow=1)
+    assert (labels == 1).sum() == 8 * 8 and labels[0, 0] == 1 and labels[3, 3] == 1
+    assert (labels == 2).sum() == 6 * 6 and labels[12, 12] == 2 and labels[8, 8] == 0
+    regions = torch.zeros(1, 4, 4, dtype=torch.long)  # a 2x2 token grid after pooling: token 0 object 1, 3 object 2
+    regions[0, :2, :2], regions[0, 2:, 2:] = 1, 2
+    weights = torch.full((1, 2, 4, 4), 0.25)  # (B, heads, N, N)
+    wall = SelfAttentionWall(regions)
+    walled = wall.weights(None, "mid", False, 0.0, weights, weights)
+    assert torch.allclose(walled.sum(-1), torch.ones(1, 2, 4))
+    assert walled[0, :, 0, 3].eq(0).all() and walled[0, :, 3, 0].eq(0).all()
+    assert torch.allclose(walled[0, :, 0, :3], torch.full((2, 3), 1 / 3))  # the rest of the row, renormalised
+    assert torch.equal(walled[0, :, 1], weights[0, :, 1])  # background reads everything, as the model computed
+    cross = torch.rand(1, 2, 4, 7)
+    assert wall.weights(None, "mid", True, 0.0, cross, cross) is cross
+
+
 def test_diagnose_keeps_an_earlier_result_unless_told_to_overwrite_it(tmp_path, capsys):
     from unet.research import diagnose
     (tmp_path / "two-objects.json").write_text("an earlier diagnosis")

@@ -24,7 +24,8 @@ final image and the x0 estimate of every step; a second pass of the same images 
 the two objects' word maps overlap (right images against misses). Unguided models only. Its default of 24 seeds
 matches those fresh seeds.
 text-routes: the same fresh seeds' two-object and colour-attribution prompts, sampled as trained and with the pooled
-text, or the padding tokens' states, replaced by the empty prompt's (routes that carry both shapes unbound).
+text, or the padding tokens' states, replaced by the empty prompt's (routes that carry both shapes unbound), and with
+the second object's words kept from reading the first object's in the causal text encoder.
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from crossattn.control import Recipe
 from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
 from unet.cli import UsageError, usage_error
@@ -251,7 +253,29 @@ def miss_kinds(records: list[dict]) -> dict:
     return out
 
 
-TEXT_ROUTES = ("as trained", "pooled text of the empty prompt", "padding of the empty prompt")
+TEXT_ROUTES = ("as trained", "pooled text of the empty prompt", "padding of the empty prompt",
+               "second object blind to the first")
+
+
+def second_object_blind_mask(tokenizer, prompts: list[str], dtype=torch.float32) -> torch.Tensor:
+    """(B, 1, T, T) additive attention mask for the text encoder: causal, and in a prompt that names two shapes
+    the second object's words (from the "a" before its shape word to that word) may not see the first object's
+    (from the prompt's first word to the first shape word). In a causal encoder the second shape word has read the
+    first; this takes that away and leaves every other token as trained."""
+    T = tokenizer.model_max_length
+    allowed = torch.ones(T, T).tril().bool().expand(len(prompts), T, T).clone()  # (B, T, T): query row, key column
+    for b, prompt in enumerate(prompts):
+        words = prompt_words(tokenizer, prompt)
+        shapes = [w for w in words if w.text in SHAPES]
+        if len(shapes) < 2:
+            continue
+        first_end, second_end = shapes[0].index, shapes[1].index
+        second_start = max(w.index for w in words if w.text == "a" and w.index < second_end)
+        first = [t for w in words[:first_end + 1] for t in w.tokens]
+        second = [t for w in words[second_start:second_end + 1] for t in w.tokens]
+        allowed[b, torch.tensor(second)[:, None], torch.tensor(first)[None, :]] = False
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]  # (B, 1, T, T), as transformers takes a prepared 4D mask
 
 
 @contextmanager
@@ -259,7 +283,9 @@ def text_route_replaced(pipe, route: str):
     """Sample with one route by which the prompt reaches the U-Net replaced by the empty prompt's: the pooled text
     (the end token's state, added to the time embedding where the model has `pooled_text`) or the padding tokens
     (every state after the end token, which a causal encoder fills with a summary of the whole prompt). Both carry
-    every word of the prompt to every pixel without saying which object is which."""
+    every word of the prompt to every pixel without saying which object is which. Or the second object's words
+    encoded without reading the first object's (`second_object_blind_mask`): does the second shape word carry
+    the first shape too?"""
     empty = pipe.encode_prompt([""])  # (1, T, D)
     if route == "pooled text of the empty prompt":
         proj = pipe.unet.pooled_text_proj
@@ -282,6 +308,15 @@ def text_route_replaced(pipe, route: str):
                 context[b, end + 1:] = empty[0, end + 1:]
             return context
         pipe.encode_prompt = encode
+    elif route == "second object blind to the first":
+        tokenizer, encoder = pipe.tokenizer, pipe.text_encoder
+
+        def encode(prompts: list[str]) -> torch.Tensor:
+            ids = tokenizer(prompts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+                            return_tensors="pt").input_ids.to(pipe.device)
+            mask = second_object_blind_mask(tokenizer, prompts, encoder.dtype).to(pipe.device)
+            return encoder(ids, attention_mask=mask).last_hidden_state  # (B, T, D)
+        pipe.encode_prompt = encode
     try:
         yield pipe
     finally:
@@ -301,6 +336,98 @@ def text_routes(pipe, seeds: int = 24, base_seed: int = 50_000) -> dict:
                                                      progress=False)
         out[route] = {task: f"{right} / {images}" for task, (right, images) in scores["right_of"].items()}
     return out
+
+
+def object_regions(image: np.ndarray, grow: int = 1) -> np.ndarray:
+    """(H, W) int labels of an image's two largest objects as the detector finds them, each grown by `grow` pixels
+    (an object's edge in the x0 estimate wanders by a pixel or so): 1 and 2, 0 elsewhere; all 0 with fewer than two
+    objects. Where the grown regions meet, the larger object keeps the pixel."""
+    found = detect(image)
+    labels = np.zeros(image.shape[:2], dtype=np.int64)
+    if len(found) < 2:
+        return labels
+    for label, d in ((2, found[1]), (1, found[0])):  # the larger object written last keeps shared pixels
+        grown = torch.nn.functional.max_pool2d(torch.from_numpy(d.mask)[None, None].float(), 2 * grow + 1, 1, grow)
+        labels[grown[0, 0].numpy() > 0] = label
+    return labels
+
+
+class SelfAttentionWall(Recipe):
+    """Self-attention weights between two regions set to zero and each row renormalised: object 1's pixels no longer
+    read object 2's and the reverse; the background and every other weight as the model computed them. `regions`
+    is (B, H, W) labels at image size (`object_regions`), pooled to each layer's own grid."""
+
+    def __init__(self, regions: torch.Tensor):
+        self.regions = regions  # (B, H, W): 0 background, 1 and 2 the two objects
+
+    def weights(self, ctl, name, cross, progress, own, new):
+        if cross:
+            return new
+        B, heads, N, _ = new.shape  # (B, heads, N, N): image tokens read image tokens
+        side = int(N ** 0.5)
+        one_hot = torch.nn.functional.one_hot(self.regions, 3).permute(0, 3, 1, 2).float()  # (B, 3, H, W)
+        region = torch.nn.functional.adaptive_max_pool2d(one_hot, side).flatten(2)  # (B, 3, N): token touches region
+        wall = (region[:, 1, :, None] * region[:, 2, None, :] + region[:, 2, :, None] * region[:, 1, None, :]) > 0
+        walled = new.masked_fill(wall[:, None], 0.0)  # (B, heads, N, N)
+        return walled / walled.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+@torch.no_grad()
+def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 24, base_seed: int = 50_000,
+                        steps: int = 25) -> dict:
+    """The images of `evaluate.py --fresh-seeds` (same prompts, batches and noise, unguided), then the same images
+    again with a wall in every self-attention layer between the regions where the two objects were drawn the first
+    time (`SelfAttentionWall`, at every step), and with the same walls moved by half the image in both directions
+    (a control: a wall of that size between other pixels). Do the two objects tell each other their shapes through
+    self-attention? Regions come from the unwalled image, so the wall is an oracle: where the objects end up, not
+    where the model would say they are while sampling."""
+    from crossattn.control import Controller
+    from unet.eval.prompts import check, eval_prompts
+    if default_guidance(pipe) != 1.0:
+        raise UsageError("self-attention-wall reads unguided models only (the wall would need the guided batch's "
+                         "unconditional half too)")
+
+    class EveryLayer(Controller):
+        def wants(self, cross: bool) -> bool:
+            return True
+
+    def sample(chunk, seed, controller=None):
+        return to_uint8(pipe([p.prompt for p in chunk], num_images_per_prompt=seeds, num_inference_steps=steps,
+                             guidance_scale=1.0, generator=torch.Generator().manual_seed(seed), output_type="np",
+                             show_progress=False, controller=controller).images)
+
+    prompts = [p for p in eval_prompts() if p.task in tasks]
+    rows = []
+    for start in range(0, len(prompts), 8):  # generate_batches' chunks and generators: the same images
+        chunk = prompts[start:start + 8]
+        before = sample(chunk, base_seed + start)
+        regions = torch.from_numpy(np.stack([object_regions(image) for image in before]))  # (B, H, W)
+        H, W = regions.shape[1:]
+        after = {}
+        for arm, walls in (("walled", regions), ("control", regions.roll((H // 2, W // 2), dims=(1, 2)))):
+            ctl = EveryLayer.for_pipeline(pipe)
+            ctl.recipes.append(SelfAttentionWall(walls.to(pipe.device)))
+            with ctl.attach(pipe.unet):
+                after[arm] = sample(chunk, base_seed + start, ctl)
+        for i, image in enumerate(before):
+            p = chunk[i // seeds]
+            row = {"task": p.task, "prompt": p.prompt, "walled": bool(regions[i].max() > 0)}
+            for arm, drawn in (("before", image), ("walled", after["walled"][i]), ("control", after["control"][i])):
+                found = detect(drawn)
+                row[f"ok {arm}"], row[f"drawn {arm}"] = check(p, found)[0], sorted(d.shape for d in found)
+            rows.append(row)
+    out = {}
+    for task in tasks:
+        mine = [r for r in rows if r["task"] == task]
+        out[task] = {"images with two regions (walled)": sum(r["walled"] for r in mine)}
+        for arm in ("before", "walled", "control"):
+            out[task][arm] = {
+                "right": f"{sum(r[f'ok {arm}'] for r in mine)} / {len(mine)}",
+                "misses made right": sum(r[f"ok {arm}"] and not r["ok before"] for r in mine),
+                "right images made wrong": sum(r["ok before"] and not r[f"ok {arm}"] for r in mine),
+                "misses drawing one shape twice": sum(not r[f"ok {arm}"] and len(r[f"drawn {arm}"]) >= 2
+                                                      and len(set(r[f"drawn {arm}"])) == 1 for r in mine)}
+    return {"summary": out, "images": rows}
 
 
 WORD_PROMPTS = (("a red circle left of a blue square", "red", "blue"),
@@ -338,7 +465,8 @@ def word_merging(pipe, zeroed=(0, 1, 2, 3)) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects", "text-routes"])
+    p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects", "text-routes",
+                                     "self-attention-wall"])
     p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
     p.add_argument("--out", required=True, help="folder for <what>.json")
     p.add_argument("--overwrite", action="store_true", help="replace a <what>.json (and misses.png) already in --out")
@@ -348,7 +476,7 @@ def main(argv=None) -> int:
                    help="first-step: guidance of the x0 estimate (default: the model's own)")
     args = p.parse_args(argv)
     if args.seeds is None:
-        args.seeds = 24 if args.what in ("two-objects", "text-routes") else 4
+        args.seeds = 24 if args.what in ("two-objects", "text-routes", "self-attention-wall") else 4
     if args.seeds < 1:
         return usage_error(UsageError(f"--seeds must be a positive integer, got {args.seeds}"))
     if (Path(args.out) / f"{args.what}.json").exists() and not args.overwrite:
@@ -391,6 +519,11 @@ def main(argv=None) -> int:
     elif args.what == "text-routes":
         try:
             result["text_routes"] = text_routes(pipe, seeds=args.seeds)
+        except UsageError as e:
+            return usage_error(e)
+    elif args.what == "self-attention-wall":
+        try:
+            result["self_attention_wall"] = self_attention_wall(pipe, seeds=args.seeds)
         except UsageError as e:
             return usage_error(e)
     elif args.what == "grain":
