@@ -261,6 +261,10 @@ def test_object_regions_label_the_two_largest_objects_and_the_wall_cuts_only_bet
     assert torch.equal(walled[0, :, 1], weights[0, :, 1])  # background reads everything, as the model computed
     cross = torch.rand(1, 2, 4, 7)
     assert wall.weights(None, "mid", True, 0.0, cross, cross) is cross
+    late = SelfAttentionWall(regions, begin=0.3)
+    late.start()  # the hook every recipe gets when a run begins
+    assert late.weights(None, "mid", False, 0.1, weights, weights) is weights
+    assert SelfAttentionWall(regions, end=0.3).weights(None, "mid", False, 0.3, weights, weights) is weights
 
 
 def test_diagnose_keeps_an_earlier_result_unless_told_to_overwrite_it(tmp_path, capsys):

@@ -355,13 +355,15 @@ def object_regions(image: np.ndarray, grow: int = 1) -> np.ndarray:
 class SelfAttentionWall(Recipe):
     """Self-attention weights between two regions set to zero and each row renormalised: object 1's pixels no longer
     read object 2's and the reverse; the background and every other weight as the model computed them. `regions`
-    is (B, H, W) labels at image size (`object_regions`), pooled to each layer's own grid."""
+    is (B, H, W) labels at image size (`object_regions`), pooled to each layer's own grid; the wall stands for the
+    share of the run [start, end) (0 is pure noise; see `crossattn.control`)."""
 
-    def __init__(self, regions: torch.Tensor):
+    def __init__(self, regions: torch.Tensor, begin: float = 0.0, end: float = 1.01):
         self.regions = regions  # (B, H, W): 0 background, 1 and 2 the two objects
+        self.begin, self.end = begin, end  # not `start`: Recipe.start() is the hook a new run calls
 
     def weights(self, ctl, name, cross, progress, own, new):
-        if cross:
+        if cross or not self.begin <= progress < self.end:
             return new
         B, heads, N, _ = new.shape  # (B, heads, N, N): image tokens read image tokens
         side = int(N ** 0.5)
@@ -372,15 +374,19 @@ class SelfAttentionWall(Recipe):
         return walled / walled.sum(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
+EARLY = 0.3  # share of the run: steps 1-8 of 25 trailing DDIM steps (t >= 719)
+
+
 @torch.no_grad()
 def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 24, base_seed: int = 50_000,
                         steps: int = 25) -> dict:
     """The images of `evaluate.py --fresh-seeds` (same prompts, batches and noise, unguided), then the same images
     again with a wall in every self-attention layer between the regions where the two objects were drawn the first
     time (`SelfAttentionWall`, at every step), and with the same walls moved by half the image in both directions
-    (a control: a wall of that size between other pixels). Do the two objects tell each other their shapes through
-    self-attention? Regions come from the unwalled image, so the wall is an oracle: where the objects end up, not
-    where the model would say they are while sampling."""
+    (a control: a wall of that size between other pixels), and walled only in the first `EARLY` of the run (the
+    first 8 of 25 steps, where layout is decided) or only after it. Do the two objects tell each other their shapes
+    through self-attention? Regions come from the unwalled image, so the wall is an oracle: where the objects end up,
+    not where the model would say they are while sampling."""
     from crossattn.control import Controller
     from unet.eval.prompts import check, eval_prompts
     if default_guidance(pipe) != 1.0:
@@ -401,18 +407,21 @@ def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 2
     for start in range(0, len(prompts), 8):  # generate_batches' chunks and generators: the same images
         chunk = prompts[start:start + 8]
         before = sample(chunk, base_seed + start)
-        regions = torch.from_numpy(np.stack([object_regions(image) for image in before]))  # (B, H, W)
+        regions = torch.from_numpy(np.stack([object_regions(image) for image in before])).to(pipe.device)  # (B, H, W)
         H, W = regions.shape[1:]
         after = {}
-        for arm, walls in (("walled", regions), ("control", regions.roll((H // 2, W // 2), dims=(1, 2)))):
+        moved = regions.roll((H // 2, W // 2), dims=(1, 2))
+        for arm, wall in (("walled", SelfAttentionWall(regions)), ("control", SelfAttentionWall(moved)),
+                          ("walled early", SelfAttentionWall(regions, end=EARLY)),
+                          ("walled late", SelfAttentionWall(regions, begin=EARLY))):
             ctl = EveryLayer.for_pipeline(pipe)
-            ctl.recipes.append(SelfAttentionWall(walls.to(pipe.device)))
+            ctl.recipes.append(wall)
             with ctl.attach(pipe.unet):
                 after[arm] = sample(chunk, base_seed + start, ctl)
         for i, image in enumerate(before):
             p = chunk[i // seeds]
             row = {"task": p.task, "prompt": p.prompt, "walled": bool(regions[i].max() > 0)}
-            for arm, drawn in (("before", image), ("walled", after["walled"][i]), ("control", after["control"][i])):
+            for arm, drawn in [("before", image)] + [(arm, images[i]) for arm, images in after.items()]:
                 found = detect(drawn)
                 row[f"ok {arm}"], row[f"drawn {arm}"] = check(p, found)[0], sorted(d.shape for d in found)
             rows.append(row)
@@ -420,7 +429,7 @@ def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 2
     for task in tasks:
         mine = [r for r in rows if r["task"] == task]
         out[task] = {"images with two regions (walled)": sum(r["walled"] for r in mine)}
-        for arm in ("before", "walled", "control"):
+        for arm in ("before", "walled", "control", "walled early", "walled late"):
             out[task][arm] = {
                 "right": f"{sum(r[f'ok {arm}'] for r in mine)} / {len(mine)}",
                 "misses made right": sum(r[f"ok {arm}"] and not r["ok before"] for r in mine),
