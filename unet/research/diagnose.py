@@ -1,4 +1,4 @@
-"""Evidence for the colour collapse and for grain: what sampling settings do to colour and background.
+"""Evidence for what the model gets wrong, and why: colour collapse, grain, merged words, two objects.
 
     python scripts/diagnose.py first-step --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py grain --model PATH --out outputs/examples/diagnosis/NAME
@@ -6,6 +6,7 @@
     python scripts/diagnose.py words --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py two-objects --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py text-routes --model PATH --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py self-attention-wall --model PATH --out outputs/examples/diagnosis/NAME
 
 first-step: for single-object colour prompts, samples the same seeds twice: with trailing DDIM, whose first step is
 t = T (for an epsilon model at ~zero SNR, the x0 estimate there is noise amplified by 1/sqrt(alpha_bar)),
@@ -26,6 +27,9 @@ matches those fresh seeds.
 text-routes: the same fresh seeds' two-object and colour-attribution prompts, sampled as trained and with the pooled
 text, or the padding tokens' states, replaced by the empty prompt's (routes that carry both shapes unbound), and with
 the second object's words kept from reading the first object's in the causal text encoder.
+self-attention-wall: the same fresh seeds' two-object and colour-attribution images sampled again with self-attention
+cut between where the two objects were drawn (every step, the first 8 of 25 only, or the rest), and with the same
+walls moved elsewhere as a control: do the objects settle their shapes by reading each other?
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
