@@ -360,9 +360,9 @@ class SelfAttentionWall(Recipe):
     """Self-attention weights between two regions set to zero and each row renormalised: object 1's pixels no longer
     read object 2's and the reverse; the background and every other weight as the model computed them. `regions`
     is (B, H, W) labels at image size (`object_regions`), pooled to each layer's own grid; the wall stands for the
-    share of the run [start, end) (0 is pure noise; see `crossattn.control`)."""
+    share of the run [begin, end) (0 is pure noise; see `crossattn.control`)."""
 
-    def __init__(self, regions: torch.Tensor, begin: float = 0.0, end: float = 1.01):
+    def __init__(self, regions: torch.Tensor, begin: float = 0.0, end: float = float("inf")):
         self.regions = regions  # (B, H, W): 0 background, 1 and 2 the two objects
         self.begin, self.end = begin, end  # not `start`: Recipe.start() is the hook a new run calls
 
