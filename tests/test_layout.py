@@ -242,7 +242,7 @@ def test_object_regions_label_the_two_largest_objects_and_the_wall_cuts_only_bet
     import torch
 
     from unet.data import COLORS
-    from unet.research.diagnose import SelfAttentionWall, object_regions
+    from unet.research.diagnose import SelfAttentionBetweenObjects, object_regions
     image = np.zeros((16, 16, 3), dtype=np.uint8)
     image[1:7, 1:7] = COLORS["red"]  # 36 pixels: the larger object, label 1
     image[10:14, 10:14] = COLORS["blue"]  # 16 pixels, label 2
@@ -253,18 +253,20 @@ def test_object_regions_label_the_two_largest_objects_and_the_wall_cuts_only_bet
     regions = torch.zeros(1, 4, 4, dtype=torch.long)  # a 2x2 token grid after pooling: token 0 object 1, 3 object 2
     regions[0, :2, :2], regions[0, 2:, 2:] = 1, 2
     weights = torch.full((1, 2, 4, 4), 0.25)  # (B, heads, N, N)
-    wall = SelfAttentionWall(regions)
+    wall = SelfAttentionBetweenObjects(regions)
     walled = wall.weights(None, "mid", False, 0.0, weights, weights)
     assert torch.allclose(walled.sum(-1), torch.ones(1, 2, 4))
     assert walled[0, :, 0, 3].eq(0).all() and walled[0, :, 3, 0].eq(0).all()
     assert torch.allclose(walled[0, :, 0, :3], torch.full((2, 3), 1 / 3))  # the rest of the row, renormalised
     assert torch.equal(walled[0, :, 1], weights[0, :, 1])  # background reads everything, as the model computed
+    boosted = SelfAttentionBetweenObjects(regions, factor=3.0).weights(None, "mid", False, 0.0, weights, weights)
+    assert torch.allclose(boosted[0, :, 0], torch.tensor([0.5, 0.5, 0.5, 1.5]).expand(2, 4) / 3.0)
     cross = torch.rand(1, 2, 4, 7)
     assert wall.weights(None, "mid", True, 0.0, cross, cross) is cross
-    late = SelfAttentionWall(regions, begin=0.3)
+    late = SelfAttentionBetweenObjects(regions, begin=0.3)
     late.start()  # the hook every recipe gets when a run begins
     assert late.weights(None, "mid", False, 0.1, weights, weights) is weights
-    assert SelfAttentionWall(regions, end=0.3).weights(None, "mid", False, 0.3, weights, weights) is weights
+    assert SelfAttentionBetweenObjects(regions, end=0.3).weights(None, "mid", False, 0.3, weights, weights) is weights
 
 
 def test_diagnose_keeps_an_earlier_result_unless_told_to_overwrite_it(tmp_path, capsys):

@@ -29,7 +29,8 @@ text, or the padding tokens' states, replaced by the empty prompt's (routes that
 the second object's words kept from reading the first object's in the causal text encoder.
 self-attention-wall: the same fresh seeds' two-object and colour-attribution images sampled again with self-attention
 cut between where the two objects were drawn (every step, the first 8 of 25 only, or the rest), and with the same
-walls moved elsewhere as a control: do the objects settle their shapes by reading each other?
+walls moved elsewhere as a control, and with the objects reading each other more at the first steps: do the objects
+settle their shapes by reading each other?
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -356,14 +357,16 @@ def object_regions(image: np.ndarray, grow: int = 1) -> np.ndarray:
     return labels
 
 
-class SelfAttentionWall(Recipe):
-    """Self-attention weights between two regions set to zero and each row renormalised: object 1's pixels no longer
-    read object 2's and the reverse; the background and every other weight as the model computed them. `regions`
-    is (B, H, W) labels at image size (`object_regions`), pooled to each layer's own grid; the wall stands for the
-    share of the run [begin, end) (0 is pure noise; see `crossattn.control`)."""
+class SelfAttentionBetweenObjects(Recipe):
+    """Self-attention weights between two regions multiplied by `factor` and each row renormalised: 0 is a wall
+    (object 1's pixels no longer read object 2's, nor the reverse), above 1 the objects read each other more; the
+    background and every other weight as the model computed them. `regions` is (B, H, W) labels at image size
+    (`object_regions`), pooled to each layer's own grid; it acts for the share of the run [begin, end) (0 is pure
+    noise; see `crossattn.control`)."""
 
-    def __init__(self, regions: torch.Tensor, begin: float = 0.0, end: float = float("inf")):
+    def __init__(self, regions: torch.Tensor, factor: float = 0.0, begin: float = 0.0, end: float = float("inf")):
         self.regions = regions  # (B, H, W): 0 background, 1 and 2 the two objects
+        self.factor = factor
         self.begin, self.end = begin, end  # not `start`: Recipe.start() is the hook a new run calls
 
     def weights(self, ctl, name, cross, progress, own, new):
@@ -373,12 +376,13 @@ class SelfAttentionWall(Recipe):
         side = int(N ** 0.5)
         one_hot = torch.nn.functional.one_hot(self.regions, 3).permute(0, 3, 1, 2).float()  # (B, 3, H, W)
         region = torch.nn.functional.adaptive_max_pool2d(one_hot, side).flatten(2)  # (B, 3, N): token touches region
-        wall = (region[:, 1, :, None] * region[:, 2, None, :] + region[:, 2, :, None] * region[:, 1, None, :]) > 0
-        walled = new.masked_fill(wall[:, None], 0.0)  # (B, heads, N, N)
-        return walled / walled.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        between = (region[:, 1, :, None] * region[:, 2, None, :] + region[:, 2, :, None] * region[:, 1, None, :]) > 0
+        scaled = torch.where(between[:, None], new * self.factor, new)  # (B, heads, N, N)
+        return scaled / scaled.sum(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 EARLY = 0.3  # share of the run: steps 1-8 of 25 trailing DDIM steps (t >= 719)
+BOOST = 3.0  # the weights between the objects, times this, in the arm where they read each other more
 
 
 @torch.no_grad()
@@ -386,11 +390,12 @@ def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 2
                         steps: int = 25) -> dict:
     """The images of `evaluate.py --fresh-seeds` (same prompts, batches and noise, unguided), then the same images
     again with a wall in every self-attention layer between the regions where the two objects were drawn the first
-    time (`SelfAttentionWall`, at every step), and with the same walls moved by half the image in both directions
-    (a control: a wall of that size between other pixels), and walled only in the first `EARLY` of the run (the
-    first 8 of 25 steps, where layout is decided) or only after it. Do the two objects tell each other their shapes
-    through self-attention? Regions come from the unwalled image, so the wall is an oracle: where the objects end up,
-    not where the model would say they are while sampling."""
+    time (`SelfAttentionBetweenObjects`, at every step); with the same walls moved by half the image in both
+    directions (a control: a wall of that size between other pixels); walled only in the first `EARLY` of the run
+    (the first 8 of 25 steps, where layout is decided) or only after it; and with the objects reading each other
+    `BOOST` times more in those first steps. Do the two objects tell each other their shapes through
+    self-attention? Regions come from the unwalled image, so the wall is an oracle: where the objects end up, not
+    where the model would say they are while sampling."""
     from crossattn.control import Controller
     from unet.eval.prompts import check, eval_prompts
     if default_guidance(pipe) != 1.0:
@@ -415,11 +420,13 @@ def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 2
         H, W = regions.shape[1:]
         after = {}
         moved = regions.roll((H // 2, W // 2), dims=(1, 2))
-        for arm, wall in (("walled", SelfAttentionWall(regions)), ("control", SelfAttentionWall(moved)),
-                          ("walled early", SelfAttentionWall(regions, end=EARLY)),
-                          ("walled late", SelfAttentionWall(regions, begin=EARLY))):
+        for arm, recipe in (("walled", SelfAttentionBetweenObjects(regions)),
+                            ("control", SelfAttentionBetweenObjects(moved)),
+                            ("walled early", SelfAttentionBetweenObjects(regions, end=EARLY)),
+                            ("walled late", SelfAttentionBetweenObjects(regions, begin=EARLY)),
+                            (f"read {BOOST:g}x more early", SelfAttentionBetweenObjects(regions, BOOST, end=EARLY))):
             ctl = EveryLayer.for_pipeline(pipe)
-            ctl.recipes.append(wall)
+            ctl.recipes.append(recipe)
             with ctl.attach(pipe.unet):
                 after[arm] = sample(chunk, base_seed + start, ctl)
         for i, image in enumerate(before):
@@ -433,7 +440,7 @@ def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 2
     for task in tasks:
         mine = [r for r in rows if r["task"] == task]
         out[task] = {"images with two regions (walled)": sum(r["walled"] for r in mine)}
-        for arm in ("before", "walled", "control", "walled early", "walled late"):
+        for arm in ("before", "walled", "control", "walled early", "walled late", f"read {BOOST:g}x more early"):
             out[task][arm] = {
                 "right": f"{sum(r[f'ok {arm}'] for r in mine)} / {len(mine)}",
                 "misses made right": sum(r[f"ok {arm}"] and not r["ok before"] for r in mine),
