@@ -242,6 +242,7 @@ def test_object_regions_label_the_two_largest_objects_and_the_wall_cuts_only_bet
     import torch
 
     from unet.data import COLORS
+    from unet.eval.detect import detect
     from unet.research.diagnose import SelfAttentionBetweenObjects, object_regions
     image = np.zeros((16, 16, 3), dtype=np.uint8)
     image[1:7, 1:7] = COLORS["red"]  # 36 pixels: the larger object, label 1
@@ -250,6 +251,9 @@ def test_object_regions_label_the_two_largest_objects_and_the_wall_cuts_only_bet
     labels = object_regions(image, grow=1)
     assert (labels == 1).sum() == 8 * 8 and labels[0, 0] == 1 and labels[3, 3] == 1
     assert (labels == 2).sum() == 6 * 6 and labels[12, 12] == 2 and labels[8, 8] == 0
+    found = detect(image)
+    assert np.array_equal(object_regions(image, grow=1, found=found), labels)  # the detector's objects reused
+    assert object_regions(image, found=found[:1]).max() == 0  # what is passed is what counts
     regions = torch.zeros(1, 4, 4, dtype=torch.long)  # a 2x2 token grid after pooling: token 0 object 1, 3 object 2
     regions[0, :2, :2], regions[0, 2:, 2:] = 1, 2
     weights = torch.full((1, 2, 4, 4), 0.25)  # (B, heads, N, N)

@@ -217,11 +217,15 @@ class ScenePipeline(DiffusionPipeline):
                                 guidance_rescale=guidance_rescale, guidance_max_t=guidance_max_t)
 
     @torch.no_grad()
-    def encode_prompt(self, prompts: list[str]) -> torch.Tensor:
-        """(B, T, D) hidden states of the text encoder, padded to the tokenizer's maximum length."""
+    def encode_prompt(self, prompts: list[str], attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, D) hidden states of the text encoder, padded to the tokenizer's maximum length. `attention_mask`:
+        a prepared (B, 1, T, T) additive mask for the encoder's self-attention (None: the causal mask it trained
+        with), for diagnostics that keep some words from reading others."""
         ids = self.tokenizer(prompts, padding="max_length", max_length=self.tokenizer.model_max_length,
                              truncation=True, return_tensors="pt").input_ids.to(self.device)
-        return self.text_encoder(ids).last_hidden_state
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(self.device, self.text_encoder.dtype)
+        return self.text_encoder(ids, attention_mask=attention_mask).last_hidden_state
 
     def check_inputs(self, prompt, num_inference_steps: int, num_images_per_prompt: int, output_type: str) -> list[str]:
         """The prompts as a list; ValueError naming the first bad argument (as diffusers' `check_inputs`)."""

@@ -213,6 +213,11 @@ def object_map_overlap(pipe, tasks=("two_object", "color_attr"), seeds: int = 24
     return out
 
 
+def one_shape_twice(shapes: list[str]) -> bool:
+    """Whether the shapes drawn in an image are two or more of one shape: the commonest two-object miss."""
+    return len(shapes) >= 2 and len(set(shapes)) == 1
+
+
 def overlap_summary(records: list[dict]) -> dict:
     """Mean map overlap of `object_map_overlap` over steps 1-5, 6-12 and 13-25 (of 25), right images against
     wrong ones, and against the wrong images that draw one shape twice, per task."""
@@ -220,8 +225,7 @@ def overlap_summary(records: list[dict]) -> dict:
     out = {}
     for task in sorted({r["task"] for r in records}):
         rows = [r for r in records if r["task"] == task]
-        twice = [r for r in rows if not r["ok"] and len(r["drawn"]) >= 2
-                 and len({d.split()[-1] for d in r["drawn"]}) == 1]
+        twice = [r for r in rows if not r["ok"] and one_shape_twice([d.split()[-1] for d in r["drawn"]])]
         out[task] = {name: {band: round(float(np.mean([np.mean(r["overlap"][cut]) for r in group])), 3)
                             for band, cut in bands.items()} | {"images": len(group)}
                      for name, group in (("right", [r for r in rows if r["ok"]]),
@@ -247,8 +251,7 @@ def miss_kinds(records: list[dict]) -> dict:
                       if r["ok"] and max(r["objects_shown"]) >= 2]
         drawn = Counter(f"asked {' + '.join(r['asked'])}, drawn {' + '.join(r['drawn']) or 'nothing'}"
                         for r in rows if not r["ok"])
-        one_shape = sum(len(r["drawn"]) >= 2 and len({d.split()[-1] for d in r["drawn"]}) == 1 for r in rows
-                        if not r["ok"])
+        one_shape = sum(one_shape_twice([d.split()[-1] for d in r["drawn"]]) for r in rows if not r["ok"])
         out[task] = {"right": sum(r["ok"] for r in rows), "images": len(rows), "misses": dict(kinds),
                      "misses drawing two or more objects of one shape": one_shape,
                      "misses by what was drawn": dict(drawn.most_common()),
@@ -314,13 +317,11 @@ def text_route_replaced(pipe, route: str):
             return context
         pipe.encode_prompt = encode
     elif route == "second object blind to the first":
-        tokenizer, encoder = pipe.tokenizer, pipe.text_encoder
+        real = pipe.encode_prompt
 
         def encode(prompts: list[str]) -> torch.Tensor:
-            ids = tokenizer(prompts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
-                            return_tensors="pt").input_ids.to(pipe.device)
-            mask = second_object_blind_mask(tokenizer, prompts, encoder.dtype).to(pipe.device)
-            return encoder(ids, attention_mask=mask).last_hidden_state  # (B, T, D)
+            mask = second_object_blind_mask(pipe.tokenizer, prompts, pipe.text_encoder.dtype)  # (B, 1, T, T)
+            return real(prompts, attention_mask=mask)  # (B, T, D)
         pipe.encode_prompt = encode
     try:
         yield pipe
@@ -343,11 +344,11 @@ def text_routes(pipe, seeds: int = 24, base_seed: int = 50_000) -> dict:
     return out
 
 
-def object_regions(image: np.ndarray, grow: int = 1) -> np.ndarray:
-    """(H, W) int labels of an image's two largest objects as the detector finds them, each grown by `grow` pixels
-    (an object's edge in the x0 estimate wanders by a pixel or so): 1 and 2, 0 elsewhere; all 0 with fewer than two
-    objects. Where the grown regions meet, the larger object keeps the pixel."""
-    found = detect(image)
+def object_regions(image: np.ndarray, grow: int = 1, found: list | None = None) -> np.ndarray:
+    """(H, W) int labels of an image's two largest objects as the detector finds them (`found`, if already run on
+    `image`), each grown by `grow` pixels (an object's edge in the x0 estimate wanders by a pixel or so): 1 and 2,
+    0 elsewhere; all 0 with fewer than two objects. Where the grown regions meet, the larger object keeps the pixel."""
+    found = detect(image) if found is None else found
     labels = np.zeros(image.shape[:2], dtype=np.int64)
     if len(found) < 2:
         return labels
@@ -416,7 +417,9 @@ def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 2
     for start in range(0, len(prompts), 8):  # generate_batches' chunks and generators: the same images
         chunk = prompts[start:start + 8]
         before = sample(chunk, base_seed + start)
-        regions = torch.from_numpy(np.stack([object_regions(image) for image in before])).to(pipe.device)  # (B, H, W)
+        found_before = [detect(image) for image in before]
+        regions = np.stack([object_regions(image, found=found) for image, found in zip(before, found_before)])
+        regions = torch.from_numpy(regions).to(pipe.device)  # (B, H, W)
         H, W = regions.shape[1:]
         after = {}
         moved = regions.roll((H // 2, W // 2), dims=(1, 2))
@@ -433,7 +436,7 @@ def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 2
             p = chunk[i // seeds]
             row = {"task": p.task, "prompt": p.prompt, "walled": bool(regions[i].max() > 0)}
             for arm, drawn in [("before", image)] + [(arm, images[i]) for arm, images in after.items()]:
-                found = detect(drawn)
+                found = found_before[i] if arm == "before" else detect(drawn)
                 row[f"ok {arm}"], row[f"drawn {arm}"] = check(p, found)[0], sorted(d.shape for d in found)
             rows.append(row)
     out = {}
@@ -445,8 +448,8 @@ def self_attention_wall(pipe, tasks=("two_object", "color_attr"), seeds: int = 2
                 "right": f"{sum(r[f'ok {arm}'] for r in mine)} / {len(mine)}",
                 "misses made right": sum(r[f"ok {arm}"] and not r["ok before"] for r in mine),
                 "right images made wrong": sum(r["ok before"] and not r[f"ok {arm}"] for r in mine),
-                "misses drawing one shape twice": sum(not r[f"ok {arm}"] and len(r[f"drawn {arm}"]) >= 2
-                                                      and len(set(r[f"drawn {arm}"])) == 1 for r in mine)}
+                "misses drawing one shape twice": sum(not r[f"ok {arm}"] and one_shape_twice(r[f"drawn {arm}"])
+                                                      for r in mine)}
     return {"summary": out, "images": rows}
 
 
