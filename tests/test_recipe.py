@@ -14,7 +14,7 @@ from unet.eval.detect import detect
 from unet.eval.prompts import background_grain
 from unet.eval.scaling import best_row, wall_minutes, write_scaling
 from unet.recipe import loss_weight, noise_scheduler
-from unet.train import Trainer
+from unet.train import Trainer, resumed_config
 
 
 @pytest.mark.parametrize("name", ["ddim", "ddpm", "dpm"])
@@ -63,6 +63,20 @@ def test_fresh_batches_are_a_function_of_seed_and_step(tmp_path):
     assert m1 is None  # masks only for a grounding loss
     assert not torch.equal(x1, x3)
     assert x1.shape == (4, 3, 16, 16) and x1.min() >= -1 and x1.max() <= 1
+
+
+def test_data_workers_train_on_the_same_batches_and_a_resume_takes_its_own_count(tmp_path):
+    """Batches drawn ahead in worker processes are the ones the loop draws itself (masks too), so the run is the
+    same; the number of workers belongs to the call, not the run, like --max-minutes."""
+    cfg = dict(steps=3, num_samples=0, grounding_weight=0.01)
+    in_loop = Trainer(tiny_config(tmp_path / "a", **cfg)).train(progress=False)
+    ahead = Trainer(tiny_config(tmp_path / "b", **cfg, data_workers=2))
+    assert ahead.train(progress=False) == in_loop and ahead.prefetcher is None  # the workers are gone at the end
+    saved = json.loads((tmp_path / "b" / "train_config.json").read_text())
+    assert saved["data_workers"] == 2
+    assert resumed_config(tiny_config(tmp_path / "b", steps=5, resume=True), saved).data_workers == 0
+    with pytest.raises(ValueError, match="data_workers"):
+        tiny_config(tmp_path / "c", data_workers=-1).validate()
 
 
 def test_fresh_scene_run_resumes_exactly(tmp_path):

@@ -15,8 +15,10 @@ import copy
 import csv
 import json
 import math
+import multiprocessing
 import os
 import shutil
+import signal
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -100,6 +102,10 @@ class TrainConfig:
     checkpoint_every: int = 250
     resume: bool = False
     max_minutes: float = 0.0  # stop cleanly (checkpoint + pipeline) after this much wall time; 0 = no limit
+    # > 0: draw the fresh scenes of the coming steps in this many worker processes while the model trains (the same
+    # batches: each is a function of seed and step). On a GPU, drawing scenes in the loop leaves it idle; on a
+    # 2-core CPU the workers would only take the training's core. Like max_minutes, a setting of this call only.
+    data_workers: int = 0
     clip: str | None = None  # a local CLIP folder (tokenizer + text encoder), kept frozen unless text_lr > 0
     # with clip: > 0 trains that CLIP's text encoder with the U-Net, at this peak rate (same warm-up and schedule),
     # so a text side pretrained to keep its words apart can still learn which colour goes with which shape
@@ -137,8 +143,9 @@ class TrainConfig:
         for name in ("steps", "batch_size", "size", "checkpoint_every", "sample_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.num_samples < 0 or self.snapshot_every < 0 or self.layout_every < 0:
-            raise ValueError("num_samples, snapshot_every and layout_every must be >= 0 (0: fresh scenes / none)")
+        if self.num_samples < 0 or self.snapshot_every < 0 or self.layout_every < 0 or self.data_workers < 0:
+            raise ValueError("num_samples, snapshot_every, layout_every and data_workers must be >= 0 (0: fresh "
+                             "scenes / none / in the training loop)")
         if self.layout_seeds <= 0:
             raise ValueError(f"layout_seeds must be a positive integer, got {self.layout_seeds}")
         if self.prediction_type not in ("epsilon", "v_prediction"):
@@ -290,10 +297,11 @@ def _json_step(line: str) -> int | None:
 
 def resumed_config(cfg: TrainConfig, saved: dict) -> TrainConfig:
     """The config a `--resume` of `cfg` trains with: the run's saved config (train_config.json), with this
-    call's folder, length and time limit; settings older runs do not name get the old recipe's values."""
+    call's folder, length, time limit and data workers; settings older runs do not name get the old recipe's
+    values."""
     saved = dict(saved)
-    # a resumed run may go longer, or continue a copied run folder
-    saved.update(out=cfg.out, steps=cfg.steps, resume=True, max_minutes=cfg.max_minutes)
+    # a resumed run may go longer, continue a copied run folder, or run on another machine
+    saved.update(out=cfg.out, steps=cfg.steps, resume=True, max_minutes=cfg.max_minutes, data_workers=cfg.data_workers)
     # runs from before v-prediction name none of these; they were trained with the old recipe
     for key, old in (("prediction_type", "epsilon"), ("zero_terminal_snr", False), ("lr_schedule", "cosine"),
                      ("ema_decay", 0.995), ("num_samples", 30000), ("lr", 1e-3)):
@@ -386,6 +394,69 @@ def fresh_scenes(seed: int, step: int, batch_size: int, size: int, single_share:
     return [sampler() for _ in range(batch_size)]
 
 
+def training_batch(cfg: TrainConfig, tokenizer, step: int, part: slice = slice(None),
+                   dataset: SceneDataset | None = None) -> tuple[torch.Tensor, list[str], torch.Tensor | None]:
+    """The batch of `step` (this process's `part` of it): images in the model's range, captions (some dropped to
+    "") and, with a grounding loss, `word_masks` (else None). Fresh scenes, or `dataset`'s in an order drawn per
+    epoch; a function of (seed, step) alone, so a resumed run, or a data worker, draws the same batch."""
+    scenes = None
+    if dataset is None:
+        scenes = fresh_scenes(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share, cfg.colourless_share)
+        images, captions = scenes_to_tensor(scenes), [s.caption for s in scenes]
+    else:
+        n = len(dataset)
+        per_epoch = max(1, n // cfg.batch_size)
+        epoch, i = divmod(step, per_epoch)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 100003 + epoch))
+        idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+        images, captions = dataset.images[idx], [dataset.captions[j] for j in idx.tolist()]
+    images, captions = to_model_range(images[part]), captions[part]
+    coin = torch.rand(len(captions), generator=torch.Generator().manual_seed(cfg.seed + step))
+    captions = ["" if drop else c for drop, c in zip((coin < cfg.caption_dropout).tolist(), captions)]
+    grounded = cfg.grounding_weight or cfg.pixel_grounding_weight or cfg.overlap_weight
+    masks = word_masks(scenes[part], captions, tokenizer) if grounded else None
+    return images, captions, masks
+
+
+_worker_state: tuple = ()  # (cfg, tokenizer, part) in a data worker process
+
+
+def _start_worker(cfg: TrainConfig, tokenizer, part: slice) -> None:
+    global _worker_state
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to hold and act on
+    torch.set_num_threads(1)
+    _worker_state = (cfg, tokenizer, part)
+
+
+def _worker_batch(step: int):
+    cfg, tokenizer, part = _worker_state
+    return training_batch(cfg, tokenizer, step, part)
+
+
+class BatchPrefetcher:
+    """The fresh-scene batches of the coming steps, drawn in `workers` processes while the model trains on the
+    current one (`training_batch`: the same batches the loop would draw). On a GPU the model's step is short and
+    drawing 32 scenes in the loop would leave it idle."""
+
+    def __init__(self, cfg: TrainConfig, tokenizer, part: slice, workers: int):
+        # spawn, not fork: a forked copy of a process that has run torch's thread pools can hang
+        self.pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (cfg, tokenizer, part))
+        self.ahead, self.last = 2 * workers, cfg.steps - 1
+        self.pending = {}
+
+    def get(self, step: int):
+        for old in [s for s in self.pending if s < step]:  # a step the loop will not ask for again
+            del self.pending[old]
+        for s in range(step, min(step + self.ahead, self.last + 1)):
+            if s not in self.pending:
+                self.pending[s] = self.pool.apply_async(_worker_batch, (s,))
+        return self.pending.pop(step).get()
+
+    def close(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+
 class NonFiniteLoss(ArithmeticError):
     """Training met a loss or gradient that is not finite at `step`; `kept` is the step of the checkpoint on disk
     (None: none was written), which the run did not touch."""
@@ -421,6 +492,7 @@ class Trainer:
         self.scheduler = noise_scheduler(cfg.prediction_type, cfg.zero_terminal_snr)
         self.params, self.optimizer, self.param_names = build_optimizer(self.unet, self.text_encoder, cfg)
         self.dataset = training_data(cfg)
+        self.prefetcher: BatchPrefetcher | None = None  # started by train(), for fresh scenes only
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk, once this run wrote or read one
         self.noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -430,30 +502,16 @@ class Trainer:
             self.unet, self.text_encoder, self.optimizer)
         self.ema.to(self.accelerator.device)
         self.ema_text.to(self.accelerator.device)
+        # each process takes its own slice of the global batch
+        self.part = slice(self.accelerator.process_index, None, self.accelerator.num_processes)
 
     # --- data: the batch at a step is a function of (seed, step), so a resumed run sees the same batches
     def batch(self, step: int) -> tuple[torch.Tensor, list[str], torch.Tensor | None]:
-        """Images, captions (some dropped to "") and, with a grounding loss, `word_masks` (else None)."""
-        cfg = self.cfg
-        scenes = None
-        if self.dataset is None:
-            scenes = fresh_scenes(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share, cfg.colourless_share)
-            images, captions = scenes_to_tensor(scenes), [s.caption for s in scenes]
-        else:
-            n = len(self.dataset)
-            per_epoch = max(1, n // cfg.batch_size)
-            epoch, i = divmod(step, per_epoch)
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 100003 + epoch))
-            idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-            images, captions = self.dataset.images[idx], [self.dataset.captions[j] for j in idx.tolist()]
-        # each process takes its own slice of the global batch
-        part = slice(self.accelerator.process_index, None, self.accelerator.num_processes)
-        images, captions = to_model_range(images[part]), captions[part]
-        coin = torch.rand(len(captions), generator=torch.Generator().manual_seed(cfg.seed + step))
-        captions = ["" if drop else c for drop, c in zip((coin < cfg.caption_dropout).tolist(), captions)]
-        grounded = cfg.grounding_weight or cfg.pixel_grounding_weight or cfg.overlap_weight
-        masks = word_masks(scenes[part], captions, self.tokenizer) if grounded else None
-        return images, captions, masks
+        """Images, captions (some dropped to "") and, with a grounding loss, `word_masks` (else None): drawn ahead
+        by the data workers where there are some, else here (`training_batch`)."""
+        if self.prefetcher is not None:
+            return self.prefetcher.get(step)
+        return training_batch(self.cfg, self.tokenizer, step, self.part, self.dataset)
 
     def loss(self, images: torch.Tensor, captions: list[str], masks: torch.Tensor | None = None) -> torch.Tensor:
         device = self.accelerator.device
@@ -565,6 +623,8 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress or not self.accelerator.is_main_process,
                    desc="training")
         t0, seen = time.time(), 0
+        if cfg.data_workers and self.dataset is None:  # a dataset's batches are an index: nothing to draw ahead
+            self.prefetcher = BatchPrefetcher(cfg, self.tokenizer, self.part, cfg.data_workers)
 
         def save_checkpoint():
             log.flush()  # rows up to this step are on disk before the checkpoint that covers them
@@ -591,6 +651,9 @@ class Trainer:
                     save_checkpoint()
                 raise
             finally:
+                if self.prefetcher is not None:
+                    self.prefetcher.close()
+                    self.prefetcher = None
                 bar.close()
                 log.close()
         if self.accelerator.is_main_process:

@@ -37,6 +37,15 @@ GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share",
           "pixel_grounding_weight", "overlap_weight", "key_separation_weight", "key_margin", *SCHEDULE)
 
 
+HELP = {  # the settings whose name alone does not say enough; every other one shows its default
+    "steps": "step to train to (default: {default}; with --resume or --grow-from, the run's own)",
+    "data_workers": "draw the fresh scenes of the coming steps in N worker processes while the model trains: the "
+                    "same batches, so the same run. Worth it on a GPU, where drawing scenes in the loop leaves it "
+                    "idle; on a 2-core CPU the workers only take the training's core (default: {default}: in the "
+                    "loop; a --resume uses its own call's count)",
+}
+
+
 def parse_args(argv=None):
     defaults = TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,8 +76,7 @@ def parse_args(argv=None):
                            help=f"(default: {f.default})")
             continue
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=default,
-                       help=f"step to train to (default: {f.default}; with --resume or --grow-from, the run's own)"
-                       if f.name == "steps" else f"(default: {f.default})")
+                       help=HELP.get(f.name, f"(default: {f.default})").format(default=f.default))
     p.add_argument("--channels", type=int, nargs="+", default=list(defaults.channels), help="width per level")
     p.add_argument("--self-attention-levels", type=int, nargs="*", default=None, metavar="LEVEL",
                    help="levels (0 = full resolution) whose transformers self-attend before they cross-attend; "
@@ -127,7 +135,8 @@ def training_config(args) -> TrainConfig:
     check_resumable(source, flag="--grow-from")
     saved = json.loads((source / "train_config.json").read_text())
     steps = args.steps if args.steps is not None else saved.get("steps", TrainConfig().steps)
-    cfg = resumed_config(TrainConfig(out=args.out, steps=steps, max_minutes=args.max_minutes), saved)
+    cfg = resumed_config(TrainConfig(out=args.out, steps=steps, max_minutes=args.max_minutes,
+                                     data_workers=args.data_workers), saved)
     step = checkpoint.read_metadata(source / "checkpoint.safetensors")[0]["step"]
     if cfg.grown_from is not None and cfg.grown_from.rsplit("@", 1)[-1] == step:
         raise UsageError(f"{source} was grown from {cfg.grown_from} and has not saved a step of its own: its "
