@@ -79,6 +79,23 @@ def test_data_workers_train_on_the_same_batches_and_a_resume_takes_its_own_count
         tiny_config(tmp_path / "c", data_workers=-1).validate()
 
 
+def test_a_batch_the_workers_do_not_deliver_is_drawn_in_the_loop(tmp_path):
+    """A worker killed with its batch (a signal to the whole process group) must not hang the run before it can
+    save its checkpoint: past `wait_s` the loop draws the batch itself, the same batch."""
+    from unet.train import BatchPrefetcher
+    cfg = tiny_config(tmp_path / "a", steps=3, num_samples=0)
+    trainer = Trainer(cfg)
+    trainer.prefetcher = BatchPrefetcher(cfg, trainer.tokenizer, trainer.part, 1, wait_s=0.001)
+    try:
+        assert trainer.prefetcher.get(0) is None  # the worker is still starting: no wait at all
+        trainer.prefetcher.started = True  # from now on a missing batch is one that never comes
+        images, captions, _ = trainer.batch(1)  # not ready either: drawn here
+        expected, expected_captions, _ = Trainer(tiny_config(tmp_path / "b", steps=3, num_samples=0)).batch(1)
+        assert torch.equal(images, expected) and captions == expected_captions
+    finally:
+        trainer.prefetcher.close()
+
+
 def test_fresh_scene_run_resumes_exactly(tmp_path):
     cfg = dict(steps=6, num_samples=0, checkpoint_every=3, batch_size=4)
     straight = Trainer(tiny_config(tmp_path / "a", **cfg))

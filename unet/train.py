@@ -438,19 +438,29 @@ class BatchPrefetcher:
     current one (`training_batch`: the same batches the loop would draw). On a GPU the model's step is short and
     drawing 32 scenes in the loop would leave it idle."""
 
-    def __init__(self, cfg: TrainConfig, tokenizer, part: slice, workers: int):
+    def __init__(self, cfg: TrainConfig, tokenizer, part: slice, workers: int, wait_s: float = 30.0):
         # spawn, not fork: a forked copy of a process that has run torch's thread pools can hang
         self.pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (cfg, tokenizer, part))
         self.ahead, self.last = 2 * workers, cfg.steps - 1
+        self.wait_s = wait_s  # a batch takes ~50 ms; one whose worker was killed never comes
+        self.started = False  # until the first batch comes, the workers are still importing: the loop draws
         self.pending = {}
 
     def get(self, step: int):
+        """The batch of `step`, or None if it is not ready while the workers start, or did not come within `wait_s`
+        (its worker was killed, say by a signal to the whole process group): the loop then draws it itself, and the
+        run goes on to save its checkpoint."""
         for old in [s for s in self.pending if s < step]:  # a step the loop will not ask for again
             del self.pending[old]
         for s in range(step, min(step + self.ahead, self.last + 1)):
             if s not in self.pending:
                 self.pending[s] = self.pool.apply_async(_worker_batch, (s,))
-        return self.pending.pop(step).get()
+        try:
+            batch = self.pending.pop(step).get(timeout=self.wait_s if self.started else 0)
+        except multiprocessing.TimeoutError:
+            return None
+        self.started = True
+        return batch
 
     def close(self) -> None:
         self.pool.terminate()
@@ -509,9 +519,8 @@ class Trainer:
     def batch(self, step: int) -> tuple[torch.Tensor, list[str], torch.Tensor | None]:
         """Images, captions (some dropped to "") and, with a grounding loss, `word_masks` (else None): drawn ahead
         by the data workers where there are some, else here (`training_batch`)."""
-        if self.prefetcher is not None:
-            return self.prefetcher.get(step)
-        return training_batch(self.cfg, self.tokenizer, step, self.part, self.dataset)
+        drawn = self.prefetcher.get(step) if self.prefetcher is not None else None
+        return drawn or training_batch(self.cfg, self.tokenizer, step, self.part, self.dataset)
 
     def loss(self, images: torch.Tensor, captions: list[str], masks: torch.Tensor | None = None) -> torch.Tensor:
         device = self.accelerator.device
@@ -623,15 +632,14 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress or not self.accelerator.is_main_process,
                    desc="training")
         t0, seen = time.time(), 0
-        if cfg.data_workers and self.dataset is None:  # a dataset's batches are an index: nothing to draw ahead
-            self.prefetcher = BatchPrefetcher(cfg, self.tokenizer, self.part, cfg.data_workers)
-
         def save_checkpoint():
             log.flush()  # rows up to this step are on disk before the checkpoint that covers them
             self.save_checkpoint()
 
         with DeferredSignals() as held:
             try:
+                if cfg.data_workers and self.dataset is None:  # a dataset's batches are an index: nothing to draw
+                    self.prefetcher = BatchPrefetcher(cfg, self.tokenizer, self.part, cfg.data_workers)
                 while self.step < cfg.steps:
                     held.raise_pending()  # between steps: nothing of the next one has drawn a random number yet
                     loss = self.train_step()
