@@ -125,9 +125,9 @@ def write_run_files(tmp: Path, images, maps, tensors: dict, words, words_filter,
     return meta
 
 
-def read_run(folder: Path) -> tuple[dict, list[str], torch.Tensor]:
-    """A run folder's meta.json, its words, and image 0's map of each word (words, H, W), as written."""
+def read_run(folder: Path, image: int = 0) -> tuple[dict, list[str], torch.Tensor]:
+    """A run folder's meta.json, its words, and image `image`'s map of each word (words, H, W), as written."""
     meta = json.loads((folder / "meta.json").read_text())
     words = [w["text"] for w in meta["words"]]
     maps = load_file(str(folder / "maps.safetensors"))
-    return meta, words, torch.stack([maps[f"{i}_{w}"][0] for i, w in enumerate(words)])
+    return meta, words, torch.stack([maps[f"{i}_{w}"][image] for i, w in enumerate(words)])

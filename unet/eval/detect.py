@@ -73,6 +73,17 @@ def detect(image: np.ndarray, min_pixels: int = 4, brightness: float = 60.0) -> 
     return sorted(found, key=lambda d: -d.mask.sum())
 
 
+def background_mask(shape: tuple[int, int], detections: list[Detection], margin: int = 1) -> np.ndarray:
+    """(H, W) bool: every pixel farther than `margin` from a detected object (anti-aliased edges belong to
+    objects)."""
+    objects = np.zeros(shape, bool)
+    for d in detections:
+        objects |= d.mask
+    if margin:
+        objects = ndimage.binary_dilation(objects, iterations=margin)
+    return ~objects
+
+
 def relative_position(a: Detection, b: Detection, threshold: float = 0.1) -> set[str]:
     """GenEval's rule: where `a` lies relative to `b`. The centre offset, less `threshold` times the
     summed box sizes on each axis, must remain; then the direction of the offset decides."""

@@ -19,6 +19,7 @@ from crossattn.text import prompt_words
 
 from ..attend import record_noised
 from ..data import SHAPES, SceneSampler, scenes_to_tensor, to_model_range
+from .detect import background_mask
 
 BASELINES = ("uniform", "centre", "random_layer", "daam")
 # Read-outs beyond the plain aggregation ("ours"), each chosen on the selection split as "ours" is.
@@ -233,3 +234,16 @@ def map_scores(batches, size, methods: dict[str, tuple[dict | None, float]]) -> 
         out[name] = {kind: score_maps(p, threshold, rule) for kind, p in pairs.items()}
         out[name]["threshold"], out[name]["threshold_rule"] = threshold, rule
     return out
+
+
+def attention_on_objects(maps: torch.Tensor, detections: list, margin: int = 1) -> torch.Tensor:
+    """Each word's mean map value on each detected object's pixels and on the background (every pixel farther
+    than `margin` from an object, as `background_grain` counts it): (words, objects + 1), the background last.
+    `maps` is (words, H, W) at the image's size; on raw maps a value is the share of a pixel's attention."""
+    shape = tuple(maps.shape[-2:])
+    regions = [d.mask for d in detections] + [background_mask(shape, detections, margin)]
+    columns = []
+    for region in regions:
+        region = torch.as_tensor(region, dtype=torch.bool)  # (H, W)
+        columns.append(maps[:, region].mean(dim=1) if region.any() else torch.full(maps.shape[:1], float("nan")))
+    return torch.stack(columns, dim=1)  # (words, regions)

@@ -7,12 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import ndimage
 
 from crossattn.overlay import to_uint8
 
 from ..data import COLORS, HELD_OUT_PAIRS, RELATIONS, SHAPES
-from .detect import Detection, relative_position
+from .detect import Detection, background_mask, relative_position
 
 TASKS = ("single_object", "two_object", "colors", "position", "color_attr")
 
@@ -70,12 +69,7 @@ def background_grain(image: np.ndarray, detections: list[Detection], margin: int
     image = np.asarray(image)
     if image.dtype != np.uint8:
         image = to_uint8(image)
-    objects = np.zeros(image.shape[:2], bool)
-    for d in detections:
-        objects |= d.mask
-    if margin:
-        objects = ndimage.binary_dilation(objects, iterations=margin)  # anti-aliased edges belong to objects
-    background = image[~objects].astype(np.float64)  # (pixels, 3)
+    background = image[background_mask(image.shape[:2], detections, margin)].astype(np.float64)  # (pixels, 3)
     return float(background.mean()) if background.size else 0.0
 
 
