@@ -48,7 +48,7 @@ def test_judge_command_counts_and_refuses_bad_files(tmp_path, capsys):
     assert len(err) == 1 and "is not an image file PIL can read" in err[0]  # as attend reads images
 
 
-def _scene_run(folder, scene, maps: dict, size=None):
+def _scene_run(folder, scene, maps: dict):
     """A minimal generate.py run folder: image_0.png, maps.safetensors ("<i>_<word>": (1, H, W)), meta.json."""
     folder.mkdir()
     Image.fromarray(scene.image).save(folder / "image_0.png")

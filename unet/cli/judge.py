@@ -49,7 +49,7 @@ def run_maps(path: str, image: np.ndarray) -> tuple[dict, list[str], torch.Tenso
     k = int(match.group(1))
     try:
         meta, words, maps = read_run(path.parent, image=k)
-    except (OSError, ValueError, KeyError, IndexError) as e:
+    except (OSError, ValueError, KeyError, IndexError, RuntimeError) as e:  # RuntimeError: a run with no words
         raise UsageError(f"--maps: cannot read the maps of {path} from its run folder ({e})") from e
     if tuple(maps.shape[-2:]) != image.shape[:2]:
         raise UsageError(f"--maps: {path} is {image.shape[1]}x{image.shape[0]} but its maps are "
@@ -57,7 +57,7 @@ def run_maps(path: str, image: np.ndarray) -> tuple[dict, list[str], torch.Tenso
     return meta, words, maps
 
 
-def maps_table(words: list[str], maps, detections) -> str:
+def maps_table(words: list[str], maps: torch.Tensor, detections) -> str:
     """Each word's mean map value on each detected object and on the background, as aligned text."""
     table = attention_on_objects(maps, detections)  # (words, objects + 1)
     heads = [f"{d.color} {d.shape}" for d in detections] + ["background"]
