@@ -54,7 +54,7 @@ def _scene_run(folder, scene, maps: dict):
     Image.fromarray(scene.image).save(folder / "image_0.png")
     save_file({f"{i}_{w}": m[None].float().contiguous() for i, (w, m) in enumerate(maps.items())},
               str(folder / "maps.safetensors"))
-    meta = {"prompt": scene.caption, "normalize": "raw", "maps": "plain",
+    meta = {"prompt": scene.caption, "normalize": "raw", "maps": "plain", "images": ["image_0.png"],
             "words": [{"index": i, "text": w} for i, w in enumerate(maps)]}
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder / "image_0.png"

@@ -125,9 +125,14 @@ def write_run_files(tmp: Path, images, maps, tensors: dict, words, words_filter,
     return meta
 
 
-def read_run(folder: Path, image: int = 0) -> tuple[dict, list[str], torch.Tensor]:
-    """A run folder's meta.json, its words, and image `image`'s map of each word (words, H, W), as written."""
+def read_run(folder: Path, image: int | str = 0) -> tuple[dict, list[str], torch.Tensor]:
+    """A run folder's meta.json, its words, and the map of each word (words, H, W) for one image, as written:
+    `image` is its index, or its file name as meta.json lists it (ValueError if it does not)."""
     meta = json.loads((folder / "meta.json").read_text())
+    if isinstance(image, str):
+        if image not in meta["images"]:
+            raise ValueError(f"{image} is not one of the run's images ({', '.join(meta['images'])})")
+        image = meta["images"].index(image)
     words = [w["text"] for w in meta["words"]]
     maps = load_file(str(folder / "maps.safetensors"))
     return meta, words, torch.stack([maps[f"{i}_{w}"][image] for i, w in enumerate(words)])

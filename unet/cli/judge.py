@@ -16,7 +16,6 @@ pixel's attention that goes to the word, so a row says where the word looked, in
 """
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -25,30 +24,32 @@ import torch
 
 from unet.attend import read_image
 from unet.cli import UsageError, usage_error
-from unet.eval.detect import detect
+from unet.eval.detect import Detection, detect
 from unet.eval.map_scoring import attention_on_objects
 from unet.eval.prompts import check, parse_prompt
 from unet.run_folder import read_run
 
 
-def judge(prompt: str, image: np.ndarray) -> tuple[bool, str]:
-    """Whether `image` ((H, W, 3) uint8) follows `prompt`, and what the detector found, in words."""
-    detections = detect(image)
+def verdict(prompt: str, detections: list[Detection]) -> tuple[bool, str]:
+    """Whether an image with these `detections` follows `prompt`, and what the detector found, in words."""
     ok, _ = check(parse_prompt(prompt), detections)
     found = ", ".join(f"{d.color} {d.shape}" for d in detections) or "nothing"
     return ok, found
 
 
+def judge(prompt: str, image: np.ndarray) -> tuple[bool, str]:
+    """Whether `image` ((H, W, 3) uint8) follows `prompt`, and what the detector found, in words."""
+    return verdict(prompt, detect(image))
+
+
 def run_maps(path: str, image: np.ndarray) -> tuple[dict, list[str], torch.Tensor]:
-    """The run folder's meta, words and maps (words, H, W) of the image at `path`, an image_<k>.png there."""
+    """The run folder's meta, words and maps (words, H, W) of the image at `path`, one of the run's images."""
     path = Path(path)
-    match = re.fullmatch(r"image_(\d+)\.png", path.name)
-    if not match or not (path.parent / "maps.safetensors").is_file() or not (path.parent / "meta.json").is_file():
+    if not (path.parent / "maps.safetensors").is_file() or not (path.parent / "meta.json").is_file():
         raise UsageError(f"--maps: {path} is not an image_<k>.png beside a maps.safetensors and a meta.json; "
                          "give the images of a generate.py run folder")
-    k = int(match.group(1))
     try:
-        meta, words, maps = read_run(path.parent, image=k)
+        meta, words, maps = read_run(path.parent, image=path.name)  # ValueError: not one of the run's images
     except (OSError, ValueError, KeyError, IndexError, RuntimeError) as e:  # RuntimeError: a run with no words
         raise UsageError(f"--maps: cannot read the maps of {path} from its run folder ({e})") from e
     if tuple(maps.shape[-2:]) != image.shape[:2]:
@@ -57,7 +58,7 @@ def run_maps(path: str, image: np.ndarray) -> tuple[dict, list[str], torch.Tenso
     return meta, words, maps
 
 
-def maps_table(words: list[str], maps: torch.Tensor, detections) -> str:
+def maps_table(words: list[str], maps: torch.Tensor, detections: list[Detection]) -> str:
     """Each word's mean map value on each detected object and on the background, as aligned text."""
     table = attention_on_objects(maps, detections)  # (words, objects + 1)
     heads = [f"{d.color} {d.shape}" for d in detections] + ["background"]
@@ -85,7 +86,8 @@ def main(argv=None) -> int:
         return usage_error(e)
     right = 0
     for n, (path, image) in enumerate(zip(args.images, images)):
-        ok, found = judge(args.prompt, image)
+        detections = detect(image)
+        ok, found = verdict(args.prompt, detections)
         right += ok
         print(f"{'right' if ok else 'wrong'}: {path} (found: {found})")
         if runs:
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
                 print(f"  (its run's prompt is {meta.get('prompt')!r})")
             print(f"  mean map value ({meta.get('normalize', 'raw')} {meta.get('maps', 'plain')} maps) on each object "
                   "and the background:")
-            print(maps_table(words, maps, detect(image)))
+            print(maps_table(words, maps, detections))
     print(f"{right} of {len(images)} follow {args.prompt!r}")
     return 0
 
