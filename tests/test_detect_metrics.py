@@ -98,6 +98,27 @@ def test_relation_response_tells_an_ignored_word_from_an_obeyed_one():
     assert relation_response(partial)["horizontal"] == {"response": None, "images": 1}
 
 
+def test_and_order_counts_the_first_named_object_first_as_read_only_on_and_prompts():
+    from unet.eval.prompts import and_order, first_as_read
+
+    left, right, top, bottom = (5.0, 16.0), (27.0, 16.0), (16.0, 5.0), (16.0, 27.0)
+    assert first_as_read(left, right) and first_as_read(top, bottom)
+    assert not first_as_read(right, left) and not first_as_read(bottom, top)
+    assert first_as_read((5.0, 20.0), (27.0, 10.0))  # further apart across than down: left to right decides
+
+    def record(task, first, second, relation=None):
+        return {"task": task, "relation": relation, "centers": [first, second]}
+    reading = [record("two_object", left, right), record("color_attr", top, bottom)] * 2
+    assert and_order(reading) == {"first_as_read": 1.0, "images": 4}
+    either = reading + [record("two_object", right, left), record("color_attr", bottom, top)] * 2
+    assert and_order(either)["first_as_read"] == 0.5
+    # relation prompts, single objects and images missing an object do not count; none left: no share
+    others = [record("position", right, left, "right of"), record("two_object", left, None),
+              {"task": "single_object", "relation": None, "centers": [left]}]
+    assert and_order(others) == {"first_as_read": None, "images": 0}
+    assert and_order(reading + others)["images"] == 4
+
+
 class _LayoutPipe:
     """Draws each prompt's two objects where its noise says, or where its relation says (`obey`): what a model
     that ignores relation words does, and what one that follows them does, with the evaluation's call."""

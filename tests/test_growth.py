@@ -152,8 +152,9 @@ def test_grown_run_starts_where_its_source_stopped(trained_run, tmp_path, capsys
     grown = tmp_path / "grown"
     assert train_script.main(["--out", str(grown), "--grow-from", str(trained_run), "--position-embedding",
                               "--pooled-text", "--self-attention-levels", "1", "2", "--single-share", "0.2",
-                              "--colourless-share", "0.5", "--steps", "5", "--quiet"]) == 0
+                              "--colourless-share", "0.5", "--and-order", "reading", "--steps", "5", "--quiet"]) == 0
     cfg = json.loads((grown / "train_config.json").read_text())
+    assert cfg["and_order"] == "reading"
     assert cfg["position_embedding"] is cfg["pooled_text"] is True and cfg["self_attention"] == [False, True, True]
     assert cfg["single_share"] == 0.2 and cfg["colourless_share"] == 0.5 and cfg["grown_from"] == f"{trained_run}@3"
     assert cfg["channels"] == [8, 16, 16] and cfg["text_width"] == 16  # everything else as the source had it

@@ -272,6 +272,27 @@ def test_colourless_share_sets_which_pairs_name_no_colours_and_old_runs_draw_the
         TrainConfig(colourless_share=1.5).validate()
 
 
+def test_and_order_reading_puts_the_first_named_object_first_as_read_and_changes_nothing_else():
+    """--and-order reading: every "and" pair's first object is left of or above its second (under "any", some are
+    right of or below it); every other scene, and every caption, is drawn exactly as before."""
+    from unet.train import TrainConfig, fresh_scenes
+
+    def first_as_read(scene):  # the first object left of the second, or above it, along their wider gap
+        (x1, y1), (x2, y2) = (o.center for o in scene.objects)
+        return x1 < x2 if abs(x2 - x1) > abs(y2 - y1) else y1 < y2
+    anyway = fresh_scenes(0, 7, 192, 32, single_share=0.0)
+    reading = fresh_scenes(0, 7, 192, 32, single_share=0.0, and_order="reading")
+    ands = [i for i, s in enumerate(anyway) if " and " in s.caption]
+    assert len(ands) > 20
+    assert all(first_as_read(reading[i]) for i in ands)
+    assert not all(first_as_read(anyway[i]) for i in ands)
+    assert [s.caption for s in anyway] == [s.caption for s in reading]
+    assert all((anyway[i].image == reading[i].image).all() for i in range(len(anyway)) if i not in ands)
+    assert TrainConfig().and_order == "any"
+    with pytest.raises(ValueError, match="and_order must be one of any, reading"):
+        TrainConfig(and_order="sideways").validate()
+
+
 def test_levers_table_and_curves_from_evaluation_reports(tmp_path):
     from unet.research import levers
 

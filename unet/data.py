@@ -21,6 +21,12 @@ COLORS = {"red": (230, 25, 25), "green": (25, 200, 40), "blue": (40, 70, 245), "
 SHAPES = ("circle", "square", "triangle")
 RELATIONS = ("left of", "right of", "above", "below")
 POSITIONS = ("left", "right", "top", "bottom")  # absolute positions for single objects
+# Where an "and" caption ("a circle and a square") puts its first object. "any": on any side of the second, so
+# nothing but the two shape words tells the objects apart, and the model must settle which is which between
+# them. "reading": left of or above the second, as the objects are read, so the word order places them as a
+# relation word would (docs/experiments/why-the-second-object-goes-missing.md).
+AND_ORDERS = ("any", "reading")
+READING_ORDER = {"right of": "left of", "below": "above"}
 SCENE_WORDS = sorted(set(
     list(COLORS) + list(SHAPES) + list(POSITIONS)
     + "a an the and of to on in with above below image picture shape shapes object big small".split()
@@ -119,12 +125,15 @@ class SceneSampler:
     """Draws scenes from a seed. `split="train"` avoids held-out pair combinations; "eval" uses only them."""
 
     def __init__(self, seed: int = 0, height: int = 32, width: int = 32, split: str = "train",
-                 p_single: float = 0.4, p_colourless: float = 0.2):
+                 p_single: float = 0.4, p_colourless: float = 0.2, and_order: str = "any"):
         if split not in ("train", "eval", "all"):
             raise ValueError(f"split must be 'train', 'eval' or 'all', got {split!r}")
+        if and_order not in AND_ORDERS:
+            raise ValueError(f"and_order must be one of {', '.join(AND_ORDERS)}, got {and_order!r}")
         self.rng = np.random.default_rng(seed)
         self.height, self.width, self.split, self.p_single = height, width, split, p_single
         self.p_colourless = p_colourless  # pairs of two different shapes captioned without colours
+        self.and_order = and_order  # where "a circle and a square" puts the circle: see AND_ORDERS
         pairs = {"train": [p for p in ALL_PAIRS if p not in HELD_OUT_PAIRS], "eval": HELD_OUT_PAIRS,
                  "all": ALL_PAIRS}[split]
         self.pairs = pairs
@@ -169,8 +178,12 @@ class SceneSampler:
             # the same draw and comparison as before this share was a parameter: 1 - 0.2 == 0.8 exactly
             with_colors = rng.random() < 1 - self.p_colourless or s1 == s2
         size1, size2 = self._size(), self._size()
-        (x1, y1), (x2, y2) = _place_pair(rng, relation if relation != "and" else rng.choice(RELATIONS),
-                                         size1, size2, H, W)
+        placed = relation
+        if relation == "and":
+            placed = rng.choice(RELATIONS)  # drawn under either order, so the random stream is the same
+            if self.and_order == "reading":
+                placed = READING_ORDER.get(placed, placed)
+        (x1, y1), (x2, y2) = _place_pair(rng, placed, size1, size2, H, W)
         image, masks = render([(c1, s1, x1, y1, size1), (c2, s2, x2, y2, size2)], H, W)
         first = f"a {c1} {s1}" if with_colors else f"a {s1}"
         second = f"a {c2} {s2}" if with_colors else f"a {s2}"

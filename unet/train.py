@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
 from . import checkpoint
-from .data import SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
+from .data import AND_ORDERS, SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
 from .folders import partial_folder, publish, remove_stale_temp_files
 from .growth import load_weights, remap_moments
 from .model import UNet
@@ -82,6 +82,7 @@ class TrainConfig:
     # share of pairs of two different shapes captioned without colours ("a circle and a square"); the only pairs
     # where shape words alone tell the two objects apart (same-shape pairs always name their colours)
     colourless_share: float = 0.2
+    and_order: str = "any"  # or "reading": "a circle and a square" puts the circle first as read (unet.data.AND_ORDERS)
     prediction_type: str = "v_prediction"  # or "epsilon"; an epsilon model cannot predict x0 at zero SNR
     zero_terminal_snr: bool = True  # rescale the schedule so t = T is pure noise, as sampling assumes
     min_snr_gamma: float = 5.0  # weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0: none
@@ -204,6 +205,8 @@ class TrainConfig:
             raise ValueError(f"single_share must be in [0, 1], got {self.single_share}")
         if not 0 <= self.colourless_share <= 1:
             raise ValueError(f"colourless_share must be in [0, 1], got {self.colourless_share}")
+        if self.and_order not in AND_ORDERS:
+            raise ValueError(f"and_order must be one of {', '.join(AND_ORDERS)}, got {self.and_order!r}")
         if not 0 <= self.caption_dropout < 1:
             raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
         multiple = 2 ** (len(self.channels) - 1)
@@ -386,11 +389,11 @@ def training_data(cfg: TrainConfig) -> SceneDataset | None:
 
 
 def fresh_scenes(seed: int, step: int, batch_size: int, size: int, single_share: float = 0.4,
-                 colourless_share: float = 0.2) -> list:
+                 colourless_share: float = 0.2, and_order: str = "any") -> list:
     """`batch_size` new scenes (images, captions, masks) drawn from (seed, step): cheap (a few ms per scene) and
     never repeated, and a resumed run draws exactly the batches it would have."""
     sampler = SceneSampler(seed=(seed, step), height=size, width=size, split="train", p_single=single_share,
-                           p_colourless=colourless_share)
+                           p_colourless=colourless_share, and_order=and_order)
     return [sampler() for _ in range(batch_size)]
 
 
@@ -401,7 +404,8 @@ def training_batch(cfg: TrainConfig, tokenizer, step: int, part: slice = slice(N
     epoch; a function of (seed, step) alone, so a resumed run, or a data worker, draws the same batch."""
     scenes = None
     if dataset is None:
-        scenes = fresh_scenes(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share, cfg.colourless_share)
+        scenes = fresh_scenes(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share, cfg.colourless_share,
+                              cfg.and_order)
         images, captions = scenes_to_tensor(scenes), [s.caption for s in scenes]
     else:
         n = len(dataset)

@@ -40,6 +40,7 @@ from unet.eval.evaluate import (
 from unet.eval.layout import COMBOS, POSITION_PAIRS, key_separation, layout_prompt, layout_response
 from unet.eval.prompts import PAIRED_AXES, TASKS, eval_prompts
 from unet.eval.report import (
+    and_order_markdown,
     check_readme,
     guidance_words,
     guided_at,
@@ -265,6 +266,7 @@ def fresh_seeds_main(pipe, args) -> int:
              f"{args.seeds} images per prompt from seed {args.fresh_seeds}, {args.steps} DDIM steps, "
              f"{guidance_words(result['settings'])}.", "", "| task | accuracy | right / images |", "|---|---|---|"]
     lines += [f"| {task} | {fmt(result[task])} | {right} / {n} |" for task, (right, n) in result["right_of"].items()]
+    lines += ["", *and_order_markdown(result)]
 
     def write_into(folder: Path) -> None:
         (folder / "report.json").write_text(json.dumps(report, indent=1))

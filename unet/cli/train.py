@@ -31,13 +31,16 @@ from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, res
 
 SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learning-rate schedule's settings
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
-GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "colourless_share",
+GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "colourless_share", "and_order",
           "caption_dropout", "text_variant", "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction",
           "logit_mean", "logit_std", "layout_every", "layout_seeds", "text_lr", "grounding_weight",
           "pixel_grounding_weight", "overlap_weight", "key_separation_weight", "key_margin", *SCHEDULE)
 
 
 HELP = {  # the settings whose name alone does not say enough; every other one shows its default
+    "and_order": "where an \"and\" caption puts its first object: 'any' side of the second, or 'reading': left "
+                 "of or above it, so \"a circle and a square\" reads left to right or top to bottom "
+                 "(default: {default})",
     "steps": "step to train to (default: {default}; with --resume or --grow-from, the run's own)",
     "data_workers": "draw the fresh scenes of the coming steps in N worker processes while the model trains: the "
                     "same batches, so the same run. Worth it on a GPU, where drawing scenes in the loop leaves it "
@@ -59,7 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--grow-from", metavar="RUN", default=None,
                    help="continue the run folder RUN in the new folder --out, with the changes given among "
                         "--position-embedding, --pooled-text, --self-attention-levels, --single-share, "
-                        "--colourless-share, --caption-dropout, --text-variant side-hints, --side-hint-gain, "
+                        "--colourless-share, --and-order, --caption-dropout, --text-variant side-hints, "
+                        "--side-hint-gain, "
                         "--timestep-sampling (with --layout-share, --layout-fraction, --logit-mean, --logit-std), "
                         "--clip (the U-Net continues on that frozen text side), --text-lr (RUN's CLIP text encoder "
                         "trains too), --grounding-weight, --pixel-grounding-weight, --overlap-weight, "

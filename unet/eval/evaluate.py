@@ -37,6 +37,7 @@ from .prompts import (
     TASKS,
     WORD_SIDES,
     EvalPrompt,
+    and_order,
     background_grain,
     check,
     eval_prompts,
@@ -93,6 +94,8 @@ def prompt_following_on_fresh_seeds(pipe, seeds: int, base_seed: int, steps: int
     records, _ = generate_batches(pipe, prompts, seeds, base_seed, steps, guidance, progress=bar)
     bar.close()
     result = {task: value for task, value in prompt_following(records).items() if task in tasks}
+    if {"two_object", "color_attr"} & set(tasks):
+        result["and_order"] = and_order(records)
     result["right_of"] = {task: [sum(r["ok"] for r in records if r["task"] == task),
                                  sum(r["task"] == task for r in records)] for task in tasks}
     result["settings"] = {"seeds": seeds, "base_seed": base_seed, "steps": steps, "guidance": guidance,
@@ -199,6 +202,7 @@ def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None
                              for kind in ("shape_words", "color_words")} for k in ("ours", "refined")}
     report = {
         "prompt_following": {**prompt_following(records), "relation_response": relation_response(records),
+                             "and_order": and_order(records),
                              "relation_response_paired": paired_relations(pipe, seeds, steps, guidance),
                              "relation_word_similarity": relation_word_similarity(pipe),
                              "layout_response": layout_response(pipe, steps=steps)},

@@ -109,6 +109,24 @@ def relation_response(records) -> dict:
     return result
 
 
+def first_as_read(first: tuple[float, float], second: tuple[float, float]) -> bool:
+    """Whether the object centred at `first` (x, y) comes before `second` as read: left of it, or above it when
+    they are further apart vertically than horizontally."""
+    dx, dy = second[0] - first[0], second[1] - first[1]
+    return dx > 0 if abs(dx) > abs(dy) else dy > 0
+
+
+def and_order(records) -> dict:
+    """Where "and" prompts ("a circle and a square", "a blue triangle and a red circle") put the first-named
+    object: the share of their images with both objects found whose first object comes first as read. A model
+    that leaves the order to the noise gives about 0.5; one trained with `--and-order reading` about 1, which
+    means that each "and" prompt is drawn in half the layouts it could be."""
+    found = [r for r in records if r["task"] in ("two_object", "color_attr") and r.get("relation") is None
+             and r.get("centers") and None not in r["centers"]]
+    first = [first_as_read(*r["centers"]) for r in found]
+    return {"first_as_read": float(np.mean(first)) if first else None, "images": len(first)}
+
+
 def paired_relation_response(pairs: list[tuple], axis: str) -> dict:
     """`relation_response` from images paired by their noise: `pairs` holds, for one axis, (offset under the
     axis's first word, offset under the opposite word, mean |pixel difference| of the two images), an offset

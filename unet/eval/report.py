@@ -125,6 +125,7 @@ def markdown(report: dict, title: str) -> str:
         lines += ["Relation response (P(first object on the named side | the word) - P(same side | the opposite "
                   "word), position images with both objects found; 0 = the word is ignored, 1 = obeyed): "
                   + ", ".join(cells) + ".", ""]
+    lines += and_order_markdown(pf)
     lines += relations_markdown(pf)
     lines += layout_markdown(report)
     lines += [maps_markdown(report).replace("### ", "## ")]
@@ -133,6 +134,16 @@ def markdown(report: dict, title: str) -> str:
               "| " + " | ".join(sweep) + " |", "|" + "---|" * len(sweep),
               "| " + " | ".join(fmt(v) for v in sweep.values()) + " |", ""]
     return "\n".join(lines)
+
+
+def and_order_markdown(pf: dict) -> list[str]:
+    """Where the "and" prompts put their first-named object, where the report has it (reports before it: none)."""
+    if "and_order" not in pf or pf["and_order"]["first_as_read"] is None:
+        return []
+    v = pf["and_order"]
+    return [f"Word order of the \"and\" prompts (share of their images, both objects found, whose first-named object "
+            f"comes first as read, left to right or top to bottom; about 0.5 = the order is left to the noise): "
+            f"{fmt(v['first_as_read'])} ({v['images']} images).", ""]
 
 
 def relations_markdown(pf: dict) -> list[str]:
