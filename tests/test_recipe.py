@@ -275,11 +275,11 @@ def test_colourless_share_sets_which_pairs_name_no_colours_and_old_runs_draw_the
 def test_and_order_reading_puts_the_first_named_object_first_as_read_and_changes_nothing_else():
     """--and-order reading: every "and" pair's first object is left of or above its second (under "any", some are
     right of or below it); every other scene, and every caption, is drawn exactly as before."""
+    from unet.eval.prompts import first_as_read as centres_as_read
     from unet.train import TrainConfig, fresh_scenes
 
     def first_as_read(scene):  # the first object left of the second, or above it, along their wider gap
-        (x1, y1), (x2, y2) = (o.center for o in scene.objects)
-        return x1 < x2 if abs(x2 - x1) > abs(y2 - y1) else y1 < y2
+        return centres_as_read(*(o.center for o in scene.objects))
     anyway = fresh_scenes(0, 7, 192, 32, single_share=0.0)
     reading = fresh_scenes(0, 7, 192, 32, single_share=0.0, and_order="reading")
     ands = [i for i, s in enumerate(anyway) if " and " in s.caption]
