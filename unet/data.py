@@ -27,6 +27,12 @@ POSITIONS = ("left", "right", "top", "bottom")  # absolute positions for single 
 # relation word would (docs/experiments/why-the-second-object-goes-missing.md).
 AND_ORDERS = ("any", "reading")
 READING_ORDER = {"right of": "left of", "below": "above"}
+
+
+def check_and_order(order: str) -> None:
+    """ValueError unless `order` is one of `AND_ORDERS`."""
+    if order not in AND_ORDERS:
+        raise ValueError(f"and_order must be one of {', '.join(AND_ORDERS)}, got {order!r}")
 SCENE_WORDS = sorted(set(
     list(COLORS) + list(SHAPES) + list(POSITIONS)
     + "a an the and of to on in with above below image picture shape shapes object big small".split()
@@ -128,8 +134,7 @@ class SceneSampler:
                  p_single: float = 0.4, p_colourless: float = 0.2, and_order: str = "any"):
         if split not in ("train", "eval", "all"):
             raise ValueError(f"split must be 'train', 'eval' or 'all', got {split!r}")
-        if and_order not in AND_ORDERS:
-            raise ValueError(f"and_order must be one of {', '.join(AND_ORDERS)}, got {and_order!r}")
+        check_and_order(and_order)
         self.rng = np.random.default_rng(seed)
         self.height, self.width, self.split, self.p_single = height, width, split, p_single
         self.p_colourless = p_colourless  # pairs of two different shapes captioned without colours

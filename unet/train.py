@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
 from . import checkpoint
-from .data import AND_ORDERS, SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
+from .data import SCENE_WORDS, SceneDataset, SceneSampler, check_and_order, scenes_to_tensor, to_model_range
 from .folders import partial_folder, publish, remove_stale_temp_files
 from .growth import load_weights, remap_moments
 from .model import UNet
@@ -205,8 +205,7 @@ class TrainConfig:
             raise ValueError(f"single_share must be in [0, 1], got {self.single_share}")
         if not 0 <= self.colourless_share <= 1:
             raise ValueError(f"colourless_share must be in [0, 1], got {self.colourless_share}")
-        if self.and_order not in AND_ORDERS:
-            raise ValueError(f"and_order must be one of {', '.join(AND_ORDERS)}, got {self.and_order!r}")
+        check_and_order(self.and_order)
         if not 0 <= self.caption_dropout < 1:
             raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
         multiple = 2 ** (len(self.channels) - 1)

@@ -121,8 +121,8 @@ def and_order(records) -> dict:
     object: the share of their images with both objects found whose first object comes first as read. A model
     that leaves the order to the noise gives about 0.5; one trained with `--and-order reading` about 1, which
     means that each "and" prompt is drawn in half the layouts it could be."""
-    found = [r for r in records if r["task"] in ("two_object", "color_attr") and r.get("relation") is None
-             and r.get("centers") and None not in r["centers"]]
+    found = [r for r in records if r["task"] in ("two_object", "color_attr") and r.get("centers")
+             and None not in r["centers"]]
     first = [first_as_read(*r["centers"]) for r in found]
     return {"first_as_read": float(np.mean(first)) if first else None, "images": len(first)}
 
