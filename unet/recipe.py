@@ -63,7 +63,7 @@ def diffusion_loss(unet, scheduler: DDPMScheduler, images: torch.Tensor, context
     """The weighted denoising loss (a scalar) of clean `images` (B, 3, H, W) noised with `noise` to timesteps `t`
     (B,), conditioned on the text encoding `context` (B, T, D)."""
     noisy = scheduler.add_noise(images, noise, t)
-    pred = unet(noisy, t, encoder_hidden_states=context)
+    pred = unet(noisy, t, encoder_hidden_states=context).float()  # a bf16 forward's too: the loss sums in float32
     if prediction_type == "v_prediction":
         target = scheduler.get_velocity(images, noise, t)  # sqrt(a) noise - sqrt(1 - a) x0
     else:
@@ -115,13 +115,13 @@ def word_masks(scenes: list, captions: list[str], tokenizer) -> torch.Tensor:
 @contextmanager
 def cross_attention_weights(unet):
     """Collect the softmax weights (B, heads, N, T) of every cross-attention forward of `unet` inside the block,
-    with their gradients (the explicit path runs instead of the fused kernel: the same sums)."""
+    as float32 with their gradients (the explicit path runs instead of the fused kernel: the same sums)."""
     layers = [m for m in unet.modules() if isinstance(m, CrossAttention) and m.is_cross_attention]
     found: list[torch.Tensor] = []
     attached = [layer.observer for layer in layers]  # an AttentionStore's, say: it sees the weights too
 
     def observe(layer, weights, before):
-        found.append(weights)
+        found.append(weights.float())  # under bf16 autocast the losses still sum in float32
         if before is not None:
             before(layer, weights)
     for layer, before in zip(layers, attached):

@@ -51,17 +51,29 @@ from .recipe import (
     sample_timesteps,
     word_masks,
 )
+from .recipe_file import dump_recipe
 from .signals import DeferredSignals
 from .text_variants import TEXT_VARIANTS, text_side
 
 # Training derives torch seeds from its seed (seed + step, seed * 100003 + epoch), and torch's must fit in
 # 64 bits: 32-bit seeds keep them in range for any run length (sampling takes all 64 bits: pipeline.MAX_SEED).
 TRAIN_MAX_SEED = 2 ** 32 - 1
+PRECISIONS = ("fp32", "bf16")
+
+# a run folder's record of what made it, copied into its pipeline: the recipe file as written (runs trained from
+# one), the resolved recipe (every field, overrides applied: `--recipe` it to train the run again) and the same
+# as JSON (what --resume reads)
+RECIPE_FILES = ("recipe.toml", "recipe.resolved.toml", "train_config.json")
+RESOLVED_HEADER = ("The resolved recipe of this run: every setting it trained with, the command line's overrides\n"
+                   "applied. `python scripts/train.py --recipe THIS_FILE --out NEW_FOLDER` trains it again.")
 
 
 @dataclass
 class TrainConfig:
-    out: str = "runs/scenes-32"
+    """Every setting of a training run. The defaults are the plain setting, no lesson on: a base for tests and
+    studies, not a recipe. The models this project ships are made by recipe files (recipes/*.toml, read by
+    unet/recipe_file.py), which group these fields by what they configure."""
+    out: str = "runs/train"
     data: str | None = None  # a folder from `--make-data`
     num_samples: int = 0  # > 0: draw this many scenes once and repeat them; 0: fresh scenes every batch
     size: int = 32
@@ -76,6 +88,9 @@ class TrainConfig:
     warmup: int = 100
     weight_decay: float = 0.01  # on weight matrices only: never on embeddings, norms or biases
     grad_clip: float = 1.0
+    # "bf16": the forward passes under bfloat16 autocast; weights, gradients, optimizer, EMA and every loss term stay
+    # float32. Faster on CPUs with bf16 instructions (0.78x the step on a 2-core AMD EPYC) and on GPUs
+    precision: str = "fp32"
     ema_decay: float = 0.999  # reached after a warm-up of (1 + step) / (10 + step)
     caption_dropout: float = 0.1  # empty captions teach the unconditional model for guidance
     single_share: float = 0.4  # share of one-object scenes; the rest are pairs, 4 in 5 of them with a relation
@@ -157,6 +172,8 @@ class TrainConfig:
         if self.text_variant not in TEXT_VARIANTS:
             raise ValueError(f"text_variant must be one of {', '.join(map(repr, TEXT_VARIANTS))}, "
                              f"got {self.text_variant!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {self.precision!r}")
         if self.timestep_sampling not in TIMESTEP_SAMPLING:
             raise ValueError(f"timestep_sampling must be one of {', '.join(map(repr, TIMESTEP_SAMPLING))}, "
                              f"got {self.timestep_sampling!r}")
@@ -497,6 +514,7 @@ class Trainer:
             self.cfg = cfg = resumed_config(cfg, json.loads((self.out / "train_config.json").read_text()))
         elif self.accelerator.is_main_process:
             (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+            (self.out / "recipe.resolved.toml").write_text(dump_recipe(cfg, RESOLVED_HEADER))
 
         self.tokenizer, self.text_encoder, self.unet = build_components(cfg, self.out)
         self.unet.to(memory_format=torch.channels_last)  # ~20% faster convolutions on CPU (oneDNN)
@@ -529,14 +547,15 @@ class Trainer:
         device = self.accelerator.device
         ids = self.tokenizer(captions, padding="max_length", max_length=self.tokenizer.model_max_length,
                              truncation=True, return_tensors="pt").input_ids.to(device)
-        context = self.text_encoder(ids).last_hidden_state  # (B, T, D), one encoding shared by all layers
         noise = torch.randn(images.shape, generator=self.noise_gen).to(device)
         t = sample_timesteps(self.cfg, len(images), self.scheduler.config.num_train_timesteps, self.noise_gen)
         images, t = images.to(device), t.to(device)
         watch = nullcontext([]) if masks is None else cross_attention_weights(self.accelerator.unwrap_model(self.unet))
-        with watch as weights:
+        with self.autocast(), watch as weights:
+            context = self.text_encoder(ids).last_hidden_state  # (B, T, D), one encoding shared by all layers
             loss = diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
                                   self.cfg.min_snr_gamma)
+        context = context.float()  # the loss terms below sum in float32
         if self.cfg.key_separation_weight:
             pairs = colour_pairs(captions, self.tokenizer)
             loss = loss + self.cfg.key_separation_weight * key_separation_loss(
@@ -547,6 +566,10 @@ class Trainer:
         return (loss + self.cfg.grounding_weight * grounding_loss(weights, masks)
                 + self.cfg.pixel_grounding_weight * pixel_grounding_loss(weights, masks)
                 + self.cfg.overlap_weight * object_overlap_loss(weights, masks))
+
+    def autocast(self):
+        """The forward passes' precision: bfloat16 autocast for `precision` "bf16", else nothing changes."""
+        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
 
     @torch.no_grad()
     def update_ema(self):
@@ -741,6 +764,9 @@ class Trainer:
                 if (vocabulary / name).exists():
                     shutil.copy(vocabulary / name, tmp / "tokenizer" / name)
             (tmp / "trained_words.json").write_text(json.dumps(words))
+            for name in RECIPE_FILES:  # every pipeline carries the recipe that made it
+                if (self.out / name).is_file():
+                    shutil.copy(self.out / name, tmp / name)
             publish(tmp, folder, replace=True)
 
 

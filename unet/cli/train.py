@@ -1,7 +1,8 @@
 """Train the text-to-image model from scratch on synthetic scenes.
 
-    python scripts/train.py --out runs/scenes-32 --steps 3500          # CPU
-    accelerate launch scripts/train.py --out runs/scenes-32            # GPUs / machines
+    python scripts/train.py --recipe scenes-32 --out runs/scenes-32   # the shipped model's recipe, from nothing
+    python scripts/train.py --recipe scenes-32 --out runs/lr --lr 1e-3  # the recipe with one field changed
+    accelerate launch scripts/train.py --recipe scenes-32 --out runs/g  # GPUs / machines / CPU processes
     python scripts/train.py --out runs/scenes-32 --steps 5000 --resume  # continue (or extend) a run
     python scripts/train.py --make-data data/scenes --num-samples 30000 # write a dataset folder
     python scripts/train.py --grow-from runs/v1 --out runs/v1-pos --position-embedding --steps 16600
@@ -27,6 +28,7 @@ from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrup
 from unet.data import SceneDataset
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import progress_bars
+from unet.recipe_file import known_recipes, read_recipe
 from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, resumed_config
 
 SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learning-rate schedule's settings
@@ -52,6 +54,11 @@ HELP = {  # the settings whose name alone does not say enough; every other one s
 def parse_args(argv=None):
     defaults = TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", metavar="NAME|FILE", default=None,
+                   help="train from a recipe file: a name in recipes/ (" + ", ".join(known_recipes()) + ") or the "
+                        "path of a .toml file (a run's recipe.resolved.toml trains that run again); the flags below "
+                        "override single fields of it. Without --recipe the defaults are the plain setting, no "
+                        "lesson on (not the shipped model's recipe)")
     p.add_argument("--out", default=defaults.out, help="run folder: checkpoint, samples, loss log, final pipeline")
     p.add_argument("--data", default=None,
                    help="dataset folder written by --make-data (default: draw scenes in memory)")
@@ -85,7 +92,11 @@ def parse_args(argv=None):
     p.add_argument("--self-attention-levels", type=int, nargs="*", default=None, metavar="LEVEL",
                    help="levels (0 = full resolution) whose transformers self-attend before they cross-attend; "
                         f"the middle always does (default: {levels(defaults.self_attention)})")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for action in p._actions:  # parse again with no defaults: what is left is what the command line gave
+        action.default = argparse.SUPPRESS
+    args.given = set(vars(p.parse_args(argv)))
+    return args
 
 
 def levels(flags) -> list[int]:
@@ -113,6 +124,8 @@ def saved_steps(out: Path) -> int | None:
 
 def training_config(args) -> TrainConfig:
     """The TrainConfig the command line asks for; with --grow-from, RUN's own, changed only as given."""
+    if args.recipe is not None:
+        return recipe_config(args)
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     values["channels"] = tuple(values["channels"])
     schedule_flags = [name for name in SCHEDULE if values.get(name) is not None]
@@ -186,6 +199,26 @@ def training_config(args) -> TrainConfig:
         raise UsageError(f"--text-lr with --clip {args.clip}: grow {source} onto that frozen CLIP first, then grow "
                          "that run with --text-lr (the checkpoint's text weights are its source's own until then)")
     return dataclasses.replace(cfg, **changes, grown_from=f"{source}@{step}", resume=False)
+
+
+def recipe_config(args) -> TrainConfig:
+    """The TrainConfig of --recipe: the file's fields over TrainConfig's defaults, then each flag the command line
+    gave over them."""
+    if "resume" in args.given:
+        raise UsageError("--recipe with --resume: a resumed run continues with the recipe it started with "
+                         "(OUT/recipe.resolved.toml); give --resume alone")
+    if "grow_from" in args.given:
+        raise UsageError("--recipe with --grow-from: a recipe trains from nothing, --grow-from continues a trained "
+                         "run; give one")
+    args.recipe_file, values = read_recipe(args.recipe)
+    cfg = TrainConfig(**values)
+    overrides = {name: getattr(args, name) for name in args.given if name in {f.name for f in fields(TrainConfig)}}
+    if "channels" in overrides:
+        overrides["channels"] = tuple(overrides["channels"])
+    if "self_attention_levels" in args.given:
+        channels = overrides.get("channels", cfg.channels)
+        overrides["self_attention"] = self_attention_flags(args.self_attention_levels, len(channels))
+    return dataclasses.replace(cfg, **overrides)
 
 
 def frozen_text_side(clip: str, cfg: TrainConfig, source: Path, variant: str) -> str:
@@ -290,6 +323,8 @@ def _main(args) -> int:
         if args.grow_from is not None:
             cfg = start_grown(cfg, Path(args.grow_from))
         trainer = Trainer(cfg)
+        if args.recipe is not None:  # the file as written, its comments saying why; the resolved one is beside it
+            shutil.copy(args.recipe_file, out / "recipe.toml")
     except (ValueError, OSError, KeyError, RuntimeError) as e:  # RuntimeError: weights of another shape
         remove_new(out, before)
         return usage_error(e)

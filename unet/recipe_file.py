@@ -1,0 +1,153 @@
+"""A recipe file: every setting that makes a model, in one TOML file, grouped by what it configures.
+
+    python scripts/train.py --recipe scenes-32 --out runs/X             # recipes/scenes-32.toml, from nothing
+    python scripts/train.py --recipe my.toml --out runs/Y --lr 1e-3     # a flag overrides one field
+
+Each section holds `TrainConfig` fields (unet/train.py says what each does). A field a recipe leaves out keeps
+TrainConfig's default, which is the plain setting: no lesson on. What belongs to one call and not to the model
+(the folder, --resume, a time limit, data workers) is never in a recipe.
+
+A run trained from a recipe keeps it: the file as written (`recipe.toml`, with its comments saying why) and the
+resolved recipe, the file with the command line's overrides applied and every field spelt out
+(`recipe.resolved.toml`), go into the run folder and into its pipeline folder. `--recipe RUN/recipe.resolved.toml`
+trains the same run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover -- Python 3.10
+    import tomli as tomllib
+
+# the recipes that come with the project; `--recipe NAME` is RECIPES / f"{NAME}.toml"
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+SECTIONS = {
+    "model": ("size", "channels", "cross_attention", "self_attention", "heads", "position_embedding",
+              "pooled_text"),
+    "text": ("text_width", "text_layers", "max_length", "clip", "text_lr", "text_variant", "side_hint_gain"),
+    "data": ("single_share", "colourless_share", "and_order", "caption_dropout", "num_samples", "data"),
+    "diffusion": ("prediction_type", "zero_terminal_snr", "min_snr_gamma", "timestep_sampling", "layout_share",
+                  "layout_fraction", "logit_mean", "logit_std"),
+    "losses": ("grounding_weight", "pixel_grounding_weight", "overlap_weight", "key_separation_weight",
+               "key_margin"),
+    "optimizer": ("batch_size", "lr", "warmup", "weight_decay", "grad_clip", "precision"),
+    "schedule": ("steps", "lr_schedule", "min_lr", "decay_start", "decay_steps", "ema_decay"),
+    "run": ("seed", "sample_every", "checkpoint_every", "snapshot_every", "layout_every", "layout_seeds",
+            "sample_prompts"),
+}
+# settings of one call, never of a model: where it writes, whether it resumes, how long it may take, helpers
+CALL_ONLY = ("out", "resume", "max_minutes", "data_workers", "grown_from")
+TOP_LEVEL = ("description",)  # a line saying what the recipe makes
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be read: the message names the file, the field and what is accepted."""
+
+
+def known_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.toml"))
+
+
+def recipe_path(recipe: str | Path) -> Path:
+    """A recipe's file: a path to a .toml file, or the name of one in recipes/."""
+    path = Path(recipe)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise RecipeError(f"--recipe {recipe}: no such file (a recipe is a .toml file, or one of the names "
+                              f"{', '.join(known_recipes())})")
+        return path
+    if (RECIPES / f"{recipe}.toml").is_file():
+        return RECIPES / f"{recipe}.toml"
+    raise RecipeError(f"--recipe {recipe}: no recipe of that name; known: {', '.join(known_recipes())} (in "
+                      f"{RECIPES}), or give the path of a .toml file")
+
+
+def read_recipe(recipe: str | Path) -> tuple[Path, dict]:
+    """(the file, its TrainConfig fields): RecipeError naming the field for an unknown section or key, a value
+    of the wrong type, or a file that is not TOML."""
+    from .train import TrainConfig
+
+    path = recipe_path(recipe)
+    try:
+        table = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise RecipeError(f"recipe {path}: not a readable TOML file: {e}") from e
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(TrainConfig)}
+    values = {}
+    for section, entries in table.items():
+        if section in TOP_LEVEL:
+            if not isinstance(entries, str):
+                raise RecipeError(f"recipe {path}: {section} must be a string")
+            continue
+        if section not in SECTIONS:
+            raise RecipeError(f"recipe {path}: unknown section or key {section!r}; a recipe has the sections "
+                              f"{', '.join(f'[{s}]' for s in SECTIONS)} and the key {', '.join(TOP_LEVEL)}")
+        if not isinstance(entries, dict):
+            raise RecipeError(f"recipe {path}: {section} must be a section ([{section}]), not a value")
+        for key, value in entries.items():
+            if key not in SECTIONS[section]:
+                home = next((s for s, keys in SECTIONS.items() if key in keys), None)
+                where = (f"it belongs in [{home}]" if home else "it is a setting of one call (a flag)"
+                         if key in CALL_ONLY else f"[{section}] accepts {', '.join(SECTIONS[section])}")
+                raise RecipeError(f"recipe {path}: unknown key {key!r} in [{section}]; {where}")
+            values[key] = _typed(path, section, key, value, defaults[key])
+    return path, values
+
+
+def _typed(path: Path, section: str, key: str, value, default):
+    """`value` as the type of TrainConfig's `default`, or RecipeError saying which type is accepted."""
+    def wrong(accepted: str):
+        return RecipeError(f"recipe {path}: [{section}] {key} must be {accepted}, got {json.dumps(value)}")
+
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong("a whole number")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong("a number")
+        return float(value)
+    if isinstance(default, tuple):  # channels (whole numbers) or per-level flags (true/false)
+        kind = bool if isinstance(default[0], bool) else int
+        if not isinstance(value, list) or not value or any(type(v) is not kind for v in value):
+            raise wrong(f"a list of {'true/false' if kind is bool else 'whole numbers'}")
+        return tuple(value)
+    if isinstance(default, list):  # sample prompts
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise wrong("a list of strings")
+        return value
+    if not isinstance(value, str):  # str fields, and the paths that default to None
+        raise wrong("a string")
+    return value
+
+
+def dump_recipe(cfg, header: str = "") -> str:
+    """`cfg` (a TrainConfig) as a recipe file with every field spelt out: read back by `read_recipe`, it gives
+    the same config. Fields that are None (no CLIP folder, no dataset) are left out, as TOML has no null."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    for section, keys in SECTIONS.items():
+        lines += ["", f"[{section}]"]
+        lines += [f"{key} = {_toml_value(getattr(cfg, key))}" for key in keys if getattr(cfg, key) is not None]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    return "[" + ", ".join(_toml_value(v) for v in value) + "]"
