@@ -115,3 +115,36 @@ def test_a_resolved_recipe_retrains_and_resumes_bit_for_bit(tmp_path):
     b, _ = checkpoint.load(again / "checkpoint.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])][:3]
+
+
+def test_two_cpu_processes_under_accelerate_train_a_tiny_recipe(tmp_path):
+    """`accelerate launch` (an existing engine, not a home-made one) runs the recipe on two CPU processes (gloo):
+    each trains on its share of every batch, and the main process writes one run folder and its pipeline."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from unet.pipeline import load_pipeline
+
+    launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    if launcher is None:
+        pytest.skip("the accelerate command is not installed beside this Python")
+    run = tmp_path / "run"
+    # accelerate's `--cpu` runs one process, and a MULTI_CPU config file wants MPI; torchrun's processes (what
+    # --multi_gpu starts) told to use the CPU join one gloo group
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    proc = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
+                           str(Path(__file__).resolve().parents[1] / "scripts" / "train.py"),
+                           "--recipe", str(TINY), "--out", str(run), "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "training on 2 processes (cpu)" in proc.stdout and proc.stdout.count("done:") == 1, proc.stdout
+    assert len((run / "loss.csv").read_text().splitlines()) == 4  # one writer: each step logged once
+    weights, _ = checkpoint.load(run / "checkpoint.safetensors")
+    assert all(torch.isfinite(v).all() for k, v in weights.items() if v.is_floating_point())
+    pipe = load_pipeline(run / "pipeline")
+    image = pipe("a red circle", generator=torch.Generator().manual_seed(0), num_inference_steps=2,
+                 show_progress=False).images[0]
+    assert image.size == (16, 16)

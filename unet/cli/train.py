@@ -323,8 +323,12 @@ def _main(args) -> int:
         if args.grow_from is not None:
             cfg = start_grown(cfg, Path(args.grow_from))
         trainer = Trainer(cfg)
-        if args.recipe is not None:  # the file as written, its comments saying why; the resolved one is beside it
+        main_process = trainer.accelerator.is_main_process
+        if args.recipe is not None and main_process:  # the file as written, its comments saying why
             shutil.copy(args.recipe_file, out / "recipe.toml")
+        if trainer.accelerator.num_processes > 1 and main_process:
+            print(f"training on {trainer.accelerator.num_processes} processes ({trainer.accelerator.device.type}), each "
+                  f"on its share of every batch of {trainer.cfg.batch_size}")
     except (ValueError, OSError, KeyError, RuntimeError) as e:  # RuntimeError: weights of another shape
         remove_new(out, before)
         return usage_error(e)
@@ -359,6 +363,8 @@ def _main(args) -> int:
         if not trainer.ckpt_path.exists():  # nothing to resume from: leave no half-made run folder
             remove_new(out, before)
         raise
+    if not trainer.accelerator.is_main_process:  # the main process wrote the run folder and says so
+        return 0
     if trainer.writes_pipeline:
         print(f"done: pipeline saved to {trainer.out / 'pipeline'}")
     else:
