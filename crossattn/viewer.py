@@ -36,6 +36,7 @@ from .text import Word
 
 TEMPLATES = Path(__file__).parent / "templates"
 RUN_PAGE, RUN_DATA, GALLERY_PAGE = "index.html", "viewer_data.js", "index.html"
+VIEWER_CORE = "viewer_core.js"  # the drawing and read-outs the run page shares with the live page (unet/live.py)
 QUANT = 65535  # uint16 fixed point for shares in [0, 1]
 
 
@@ -110,7 +111,9 @@ def write_run_page(folder: Path, store: AttentionStore, words: list[Word], meta:
     folder = Path(folder)
     data = run_page_data(store, words, meta, kinds)
     (folder / RUN_DATA).write_text("window.CROSSATTN_RUN = " + json.dumps(data, separators=(",", ":")) + ";\n")
-    page = (TEMPLATES / "run.html").read_text().replace("{{title}}", html.escape(meta["prompt"]))
+    page = (TEMPLATES / "run.html").read_text()
+    page = page.replace("/*{{viewer_core}}*/", (TEMPLATES / VIEWER_CORE).read_text())  # shared with the live page
+    page = page.replace("{{title}}", html.escape(meta["prompt"]))
     (folder / RUN_PAGE).write_text(page)
     return folder / RUN_PAGE
 

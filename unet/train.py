@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
@@ -552,20 +553,23 @@ class Trainer:
         images, t = images.to(device), t.to(device)
         watch = nullcontext([]) if masks is None else cross_attention_weights(self.accelerator.unwrap_model(self.unet))
         with self.autocast(), watch as weights:
-            context = self.text_encoder(ids).last_hidden_state  # (B, T, D), one encoding shared by all layers
-            loss = diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
-                                  self.cfg.min_snr_gamma)
+            with record_function("text encoder"):
+                context = self.text_encoder(ids).last_hidden_state  # (B, T, D), one encoding shared by all layers
+            with record_function("U-Net"):
+                loss = diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
+                                      self.cfg.min_snr_gamma)
         context = context.float()  # the loss terms below sum in float32
-        if self.cfg.key_separation_weight:
-            pairs = colour_pairs(captions, self.tokenizer)
-            loss = loss + self.cfg.key_separation_weight * key_separation_loss(
-                self.accelerator.unwrap_model(self.unet), context, pairs, self.cfg.key_margin)
-        if masks is None:
-            return loss
-        masks = masks.to(device)
-        return (loss + self.cfg.grounding_weight * grounding_loss(weights, masks)
-                + self.cfg.pixel_grounding_weight * pixel_grounding_loss(weights, masks)
-                + self.cfg.overlap_weight * object_overlap_loss(weights, masks))
+        with record_function("attention losses"):
+            if self.cfg.key_separation_weight:
+                pairs = colour_pairs(captions, self.tokenizer)
+                loss = loss + self.cfg.key_separation_weight * key_separation_loss(
+                    self.accelerator.unwrap_model(self.unet), context, pairs, self.cfg.key_margin)
+            if masks is None:
+                return loss
+            masks = masks.to(device)
+            return (loss + self.cfg.grounding_weight * grounding_loss(weights, masks)
+                    + self.cfg.pixel_grounding_weight * pixel_grounding_loss(weights, masks)
+                    + self.cfg.overlap_weight * object_overlap_loss(weights, masks))
 
     def autocast(self):
         """The forward passes' precision: bfloat16 autocast for `precision` "bf16", else nothing changes."""
@@ -702,20 +706,26 @@ class Trainer:
         return self.cfg.text_variant == "clip"
 
     def train_step(self) -> float:
-        """One optimizer step on the batch of `self.step`, then the EMA; returns the loss."""
+        """One optimizer step on the batch of `self.step`, then the EMA; returns the loss. Its phases are named
+        for torch.profiler (`scripts/profile_training.py`); outside a profile the names cost nothing."""
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.step, self.cfg) * g["lr_scale"]
-        loss = self.loss(*self.batch(self.step))
+        with record_function("data"):
+            batch = self.batch(self.step)
+        loss = self.loss(*batch)
         if not torch.isfinite(loss):
             raise NonFiniteLoss(self.step + 1, f"the loss is {loss.item()}", self.saved_step)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.accelerator.backward(loss)
-        norm = self.accelerator.clip_grad_norm_(self.params, self.cfg.grad_clip)
-        if not torch.isfinite(torch.as_tensor(norm)):
-            raise NonFiniteLoss(self.step + 1, f"the gradient norm is {float(norm)}", self.saved_step)
-        self.optimizer.step()
+        with record_function("backward"):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.accelerator.backward(loss)
+        with record_function("optimizer"):
+            norm = self.accelerator.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            if not torch.isfinite(torch.as_tensor(norm)):
+                raise NonFiniteLoss(self.step + 1, f"the gradient norm is {float(norm)}", self.saved_step)
+            self.optimizer.step()
         self.step += 1
-        self.update_ema()
+        with record_function("EMA"):
+            self.update_ema()
         return loss.item()
 
     def after_step(self, save_checkpoint, out_of_time: bool) -> None:

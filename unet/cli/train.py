@@ -327,8 +327,9 @@ def _main(args) -> int:
         if args.recipe is not None and main_process:  # the file as written, its comments saying why
             shutil.copy(args.recipe_file, out / "recipe.toml")
         if trainer.accelerator.num_processes > 1 and main_process:
-            print(f"training on {trainer.accelerator.num_processes} processes ({trainer.accelerator.device.type}), each "
-                  f"on its share of every batch of {trainer.cfg.batch_size}")
+            accelerator = trainer.accelerator
+            print(f"training on {accelerator.num_processes} processes ({accelerator.device.type}), each on its share "
+                  f"of every batch of {trainer.cfg.batch_size}")
     except (ValueError, OSError, KeyError, RuntimeError) as e:  # RuntimeError: weights of another shape
         remove_new(out, before)
         return usage_error(e)
