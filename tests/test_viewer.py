@@ -6,9 +6,6 @@ selenium (the dev extra); without them they skip with the reason and the other t
 
 import base64
 import json
-import os
-import shutil
-import tempfile
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -25,7 +22,6 @@ from unet.cli.generate import generate_one
 from unet.pipeline import Settings
 
 PROMPT = "a red circle left of a blue square"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 def make_run(pipe, out, prompt=PROMPT, seed=0, maps="plain", **settings):
@@ -137,40 +133,14 @@ def test_gallery_console_command_installed():
 
 # --- in headless Chromium
 
-def _browser_or_skip_reason():
-    try:
-        from selenium import webdriver
-        from selenium.common.exceptions import WebDriverException
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        return None, "selenium is not installed (pip install -e '.[dev]')"
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not os.path.exists(path):
-            return None, f"{path} not found (apt-get install -y chromium chromium-driver)"
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1400,1000", f"--user-data-dir={profile}"):
-        options.add_argument(arg)
-    try:
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    except WebDriverException as e:
-        shutil.rmtree(profile, ignore_errors=True)
-        return None, f"Chromium did not start: {str(e.msg or e).splitlines()[0]}"
-    driver.profile_dir = profile
-    return driver, None
-
-
 @pytest.fixture(scope="module")
 def browser():
-    driver, reason = _browser_or_skip_reason()
+    from unet.live_browser import chromium_or_reason, close  # one way to start Chromium, for both pages' tests
+    driver, reason = chromium_or_reason()
     if driver is None:
         pytest.skip(reason)
     yield driver
-    driver.quit()
-    shutil.rmtree(driver.profile_dir, ignore_errors=True)
+    close(driver)
 
 
 def open_page(browser, path: Path):
