@@ -48,28 +48,38 @@ def classify_shape(mask: np.ndarray) -> str:
     return "square" if fill > 0.88 else "circle"
 
 
-def detect(image: np.ndarray, min_pixels: int = 4, brightness: float = 60.0) -> list[Detection]:
-    """Objects in an (H, W, 3) uint8 image (or float in [0, 1]), largest first."""
+def rgb_image(image: np.ndarray) -> np.ndarray:
+    """`image` as (H, W, 3) uint8, from uint8 or floats in [0, 1]; ValueError for any other shape."""
     image = np.asarray(image)
     if image.dtype != np.uint8:
         image = to_uint8(image)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"image must be (H, W, 3), got {image.shape}")
-    pixels = image.astype(np.float32)
-    foreground = pixels.max(axis=2) > brightness
-    chroma = pixels / np.maximum(pixels.max(axis=2, keepdims=True), 1)
-    nearest = np.linalg.norm(chroma[:, :, None, :] - CHROMA[None, None], axis=-1).argmin(axis=2)  # (H, W)
-    found = []
-    for c, name in enumerate(NAMES):
+    return image
+
+
+def components(foreground: np.ndarray, nearest: np.ndarray, colors: int, min_pixels: int):
+    """Each connected region of `foreground` pixels ((H, W) bool) whose nearest colour (`nearest`, (H, W) int) is
+    one colour, for colours 0 .. `colors` - 1, of at least `min_pixels`: yields (colour, (H, W) bool mask, box
+    (x0, y0, x1, y1), x1/y1 exclusive)."""
+    for c in range(colors):
         labels, n = ndimage.label(foreground & (nearest == c))
         for k in range(1, n + 1):
             mask = labels == k
             if mask.sum() < min_pixels:
                 continue
             ys, xs = np.nonzero(mask)
-            box = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
-            found.append(Detection(name, classify_shape(mask), ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2),
-                                   box, mask))
+            yield c, mask, (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+
+
+def detect(image: np.ndarray, min_pixels: int = 4, brightness: float = 60.0) -> list[Detection]:
+    """Objects in an (H, W, 3) uint8 image (or float in [0, 1]), largest first."""
+    pixels = rgb_image(image).astype(np.float32)
+    foreground = pixels.max(axis=2) > brightness
+    chroma = pixels / np.maximum(pixels.max(axis=2, keepdims=True), 1)
+    nearest = np.linalg.norm(chroma[:, :, None, :] - CHROMA[None, None], axis=-1).argmin(axis=2)  # (H, W)
+    found = [Detection(NAMES[c], classify_shape(mask), ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2), box, mask)
+             for c, mask, box in components(foreground, nearest, len(NAMES), min_pixels)]
     return sorted(found, key=lambda d: -d.mask.sum())
 
 

@@ -151,13 +151,20 @@ def dataset_scenes(pipe, n: int, seed: int = 123) -> list:
     return [sampler() for _ in range(n)]
 
 
+def record_scenes(pipe, scenes: list, timestep: int, seed: int, store: AttentionStore | None = None) -> AttentionStore:
+    """Drawn scenes (anything with `.image` and `.caption`) noised to `timestep`, scene i with seed `seed + i`, and
+    denoised one step with their captions: `store` after that pass (None: a new `refined_store`, cross-attention
+    and the self-attention the refined maps need)."""
+    x0 = to_model_range(scenes_to_tensor(scenes))  # (n, 3, H, W) in [-1, 1]
+    return record_noised(pipe, x0, [s.caption for s in scenes], timestep, [seed + i for i in range(len(scenes))],
+                         refined_store(pipe) if store is None else store)
+
+
 def dataset_batch(pipe, n: int, timestep: int, seed: int = 123) -> Batch:
     """Held-out dataset scenes noised to `timestep`, denoised one step with their captions; exact masks.
     Scene i is noised with seed `seed + i` (`record_noised`), as `scripts/attend.py --seed` would."""
     scenes = dataset_scenes(pipe, n, seed)
-    x0 = to_model_range(scenes_to_tensor(scenes))  # (n, 3, H, W) in [-1, 1]
-    store = record_noised(pipe, x0, [s.caption for s in scenes], timestep, [seed + i for i in range(n)],
-                          refined_store(pipe))
+    store = record_scenes(pipe, scenes, timestep, seed)
     entries = []
     for i, s in enumerate(scenes):
         words = prompt_words(pipe.tokenizer, s.caption)
