@@ -69,6 +69,9 @@ class AttentionHooks:
         """Hook the wanted attention layers of `model` until `detach` (or the end of `with x.attach(model):`)."""
         if self._undo:
             raise RuntimeError(f"this {type(self).__name__} is already attached; detach it first")
+        if not isinstance(model, torch.nn.Module):  # a pipeline has no hooks of its own: its U-Net does
+            hint = "; for a pipeline pass its U-Net, attach(pipe.unet)" if hasattr(model, "unet") else ""
+            raise TypeError(f"attach takes a model (torch.nn.Module), got a {type(model).__name__}{hint}")
         self.check_model(model)
         self._undo.append(model.register_forward_pre_hook(self._before_model, with_kwargs=True).remove)
         if hasattr(model, "attn_processors") and hasattr(model, "set_attn_processor"):

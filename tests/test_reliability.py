@@ -306,7 +306,7 @@ def _never_sample(monkeypatch):
     (["--dataset-timestep", "5000"], "--dataset-timestep must be a training timestep from 0 to 999, got 5000"),
     (["--dataset-timestep", "-1"], "--dataset-timestep must be a training timestep from 0 to 999"),
     (["--steps", "100000"], "--steps must be at most 1000"),
-    (["--guidance", "nan"], "--guidance must be a finite number, got nan"),
+    (["--guidance", "nan"], "--guidance must be a finite number from 0 to 100 (<= 1 turns guidance off), got nan"),
     (["--control", "reweight", "--reweight-factor", "1e30"], "must be a finite number from -1000 to 1000, got 1e+30"),
     (["--out", "/proc/x"], "--out /proc/x cannot be written"),
     (["--out", ""], "--out is empty"),

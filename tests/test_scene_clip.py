@@ -148,7 +148,7 @@ def test_train_clip_refuses_what_it_would_overwrite_or_cannot_train(scene_clip, 
     assert train_clip.main(["--out", str(tmp_path / "y"), *TINY_CLIP, "--patch-size", "5"]) == 2
     assert "not a multiple of patch_size" in capsys.readouterr().err
     assert train_clip.main(["--out", str(tmp_path / "z"), *TINY_CLIP, "--token-loss", "-1"]) == 2
-    assert "token_loss must be >= 0" in capsys.readouterr().err
+    assert "--token-loss must be a finite number from 0 to 1000 (0 turns it off), got -1" in capsys.readouterr().err
     assert not any((tmp_path / name).exists() for name in "xyz")
 
 

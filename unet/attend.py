@@ -46,7 +46,7 @@ def read_image(path) -> tuple[Image.Image, list[str]]:
             mode = image.mode
             if mode.startswith("I") or mode == "F":
                 return high_depth_to_rgb(image), [f"{mode} image converted to 8-bit RGB by its value range"]
-            if "A" in image.getbands() or (mode == "P" and "transparency" in image.info):
+            if image.has_transparency_data:  # not `"A" in getbands()`: LAB's A is a colour axis, not alpha
                 rgba = image.convert("RGBA")
                 image = Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba).convert("RGB")
                 notes.append(f"{mode} image: alpha composited on black")
@@ -73,10 +73,16 @@ def read_image(path) -> tuple[Image.Image, list[str]]:
 
 def high_depth_to_rgb(image: Image.Image) -> Image.Image:
     """A 16-bit ("I;16", "I") or float ("F") grayscale image as 8-bit RGB: 16-bit values scaled from 0..65535,
-    others from 0..255 when they fit, else from their own minimum..maximum."""
+    float ones from 0..1 when they fit (the usual range of a float image: from 0..255 it would be all black),
+    others from 0..255 when they fit, else from their own minimum..maximum. UsageError for inf or NaN pixels."""
     values = np.asarray(image, dtype=np.float64)
+    if not np.isfinite(values).all():
+        raise UsageError(f"{image.mode} image has {int((~np.isfinite(values)).sum())} pixels that are inf or NaN; "
+                         "give finite values (0..1 or 0..255)")
     if image.mode.startswith("I;16") or (image.mode == "I" and values.max(initial=0) > 255):
         top, low = 65535.0, 0.0
+    elif image.mode == "F" and values.min(initial=0) >= 0 and values.max(initial=0) <= 1:
+        top, low = 1.0, 0.0
     elif values.min(initial=0) >= 0 and values.max(initial=0) <= 255:
         top, low = 255.0, 0.0
     else:

@@ -6,6 +6,7 @@ A result is written into a hidden `.partial-<pid>-*` folder and renamed into pla
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -93,6 +94,64 @@ def remove_stale_temp_files(folder: Path) -> list[Path]:
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
+
+
+def _lock_path(out: Path) -> Path:
+    """The file that says who writes `out`: beside it, hidden, so the run folder itself holds only the run."""
+    out = Path(os.path.abspath(out))
+    return out.parent / f".{out.name}.writer"
+
+
+def _holder(lock: Path) -> str:
+    try:
+        return lock.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+@contextlib.contextmanager
+def hold_folder(out: str | Path, flag: str = "--out"):
+    """Claim the run folder `out` for as long as the block runs, so that one command writes it at a time: a second
+    command (training, --resume, train_clip, diagnose) refuses with UsageError naming the holder's pid.
+
+    The claim is an exclusive `flock` on `.<name>.writer` beside `out`, holding the pid: the kernel releases it
+    when the process ends however it ends (SIGKILL too), so a dead run never blocks the next; a folder that
+    lives longer than the claim (a result renamed into place) is still claimed, since the name is what is locked.
+    Parents this made for the lock are removed again if they stayed empty."""
+    lock = _lock_path(out)
+    created = [p for p in [lock.parent, *lock.parent.parents] if not p.exists()]
+    while True:
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # e.g. a run folder that is writable in a parent that is not
+            raise UsageError(f"{flag} {out} cannot be claimed: making {lock.name} beside it failed "
+                             f"({e.strerror or e})") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UsageError(f"{flag} {out} is being written by process {_holder(lock)} (another run into the same "
+                             f"folder); wait for it to end, or choose another {flag}") from None
+        try:  # the holder before us may have removed the file between our open and our lock: lock the new one
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # before the lock goes, so a waiter that opened this file retries (above)
+        os.close(fd)
+        for folder in created:  # deepest first; stops at the first that is not empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
 def claim_folder(parent: Path, name: str) -> Path:

@@ -28,7 +28,10 @@ import torch
 import torch.nn.functional as F
 from transformers import CLIPConfig, CLIPModel, CLIPTokenizer
 
+from crossattn.errors import check_number
+
 from .data import COLORS, SHAPES, SceneSampler, scenes_to_tensor, to_model_range
+from .pipeline import check_seed
 from .signals import DeferredSignals
 
 # each word and the word a hard negative puts in its place
@@ -36,6 +39,10 @@ OPPOSITES = {"left of": "right of", "right of": "left of", "above": "below", "be
              "on the left": "on the right", "on the right": "on the left", "on the top": "on the bottom",
              "on the bottom": "on the top"}
 NEGATIVE_KINDS = ("relation", "colours", "shapes")
+# the longest caption the scenes have (a pair with colours and a two-word relation): one token per word, plus the
+# start and end tokens; a shorter max_length would train on captions cut before their colour and shape words
+LONGEST_CAPTION = "a yellow triangle right of a green square"
+CAPTION_TOKENS = len(LONGEST_CAPTION.split()) + 2
 EVAL_STREAM = 2**31  # the evaluation's scenes: a random stream no training step (0, 1, 2 ...) draws
 
 
@@ -71,10 +78,16 @@ class SceneClipConfig:
         for name, width in (("text_width", self.text_width), ("vision_width", self.vision_width)):
             if width % self.heads:
                 raise ValueError(f"{name} {width} is not a multiple of heads {self.heads}")
-        if not self.lr > 0 or self.weight_decay < 0 or self.warmup < 0:
-            raise ValueError("lr must be > 0, weight_decay and warmup >= 0")
-        if not self.token_loss >= 0:
-            raise ValueError(f"token_loss must be >= 0 (0 turns it off), got {self.token_loss}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        check_number("--lr", self.lr, 1e-8, 1.0)  # 0 would not train; above 1 AdamW's steps are larger than weights
+        check_number("--weight-decay", self.weight_decay, 0.0, 1.0)
+        check_number("--token-loss", self.token_loss, 0.0, 1000.0, " (0 turns it off)")
+        check_seed(self.seed)
+        if self.max_length < CAPTION_TOKENS:
+            raise ValueError(f"--max-length {self.max_length} would cut the scenes' longest captions before their "
+                             f"colour and shape words (\"{LONGEST_CAPTION}\" is {CAPTION_TOKENS} tokens with its "
+                             f"start and end): give at least {CAPTION_TOKENS}")
 
 
 def hard_negatives(caption: str, rng: np.random.Generator) -> dict[str, str]:

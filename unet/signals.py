@@ -65,6 +65,13 @@ def raise_swallowed() -> None:
         raise Interrupted(_raised[0])
 
 
+def caught(e: KeyboardInterrupt) -> int:
+    """The signal number of an interrupt a command caught to keep finished work (it reports it later, with what
+    it kept), so that `raise_swallowed` does not raise it again before that work is published."""
+    _raised.clear()
+    return getattr(e, "signum", signal.SIGINT)
+
+
 def interrupted(e: KeyboardInterrupt, what: str) -> int:
     """Report an interrupt in one line; the exit code the shell gives a process killed by that signal."""
     _raised.clear()

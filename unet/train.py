@@ -454,38 +454,86 @@ def _worker_batch(step: int):
     return training_batch(cfg, tokenizer, step, part)
 
 
+def _worker_loop(conn, cfg: TrainConfig, tokenizer, part: slice) -> None:
+    """A data worker: draw the batch of each step asked on `conn` and send it back, until asked None or the pipe
+    closes (the training process ended or closed it)."""
+    _start_worker(cfg, tokenizer, part)
+    try:
+        while (step := conn.recv()) is not None:
+            conn.send((step, _worker_batch(step)))
+    except (EOFError, OSError):  # the trainer is gone or closed the pipe while this batch was drawn: nothing to say
+        pass
+
+
 class BatchPrefetcher:
     """The fresh-scene batches of the coming steps, drawn in `workers` processes while the model trains on the
     current one (`training_batch`: the same batches the loop would draw). On a GPU the model's step is short and
-    drawing 32 scenes in the loop would leave it idle."""
+    drawing 32 scenes in the loop would leave it idle.
+
+    Each worker has a pipe of its own and draws every `workers`-th step, in order. Not `multiprocessing.Pool`: its
+    workers share one queue lock, and a worker killed while it waited for work (a SIGTERM to the whole process
+    group) kept that lock for ever, so `Pool.terminate` hung the run after its checkpoint. Here nothing is shared:
+    a killed worker's pipe reads as closed, and its batches are drawn in the loop."""
 
     def __init__(self, cfg: TrainConfig, tokenizer, part: slice, workers: int, wait_s: float = 30.0):
         # spawn, not fork: a forked copy of a process that has run torch's thread pools can hang
-        self.pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (cfg, tokenizer, part))
+        context = multiprocessing.get_context("spawn")
+        self.conns, self.procs = [], []
+        for _ in range(workers):
+            here, there = context.Pipe()
+            proc = context.Process(target=_worker_loop, args=(there, cfg, tokenizer, part), daemon=True)
+            proc.start()
+            there.close()  # the worker's end lives in the worker: its death then reads as a closed pipe here
+            self.conns.append(here)
+            self.procs.append(proc)
         self.ahead, self.last = 2 * workers, cfg.steps - 1
-        self.wait_s = wait_s  # a batch takes ~50 ms; one whose worker was killed never comes
+        self.wait_s = wait_s  # a batch takes ~50 ms; one that has not come by then is drawn in the loop
         self.started = False  # until the first batch comes, the workers are still importing: the loop draws
-        self.pending = {}
+        self.asked: set[int] = set()  # steps sent to a worker
+        self.ready: dict[int, object] = {}  # batches that came while an earlier step was awaited
+
+    def _conn(self, step: int):
+        return self.conns[step % len(self.conns)]
 
     def get(self, step: int):
-        """The batch of `step`, or None if it is not ready while the workers start, or did not come within `wait_s`
-        (its worker was killed, say by a signal to the whole process group): the loop then draws it itself, and the
-        run goes on to save its checkpoint."""
-        for old in [s for s in self.pending if s < step]:  # a step the loop will not ask for again
-            del self.pending[old]
+        """The batch of `step`, or None if it is not ready while the workers start, did not come within `wait_s`,
+        or its worker is gone (killed, say by a signal to the whole process group): the loop then draws it itself,
+        and the run goes on to save its checkpoint."""
+        self.asked = {s for s in self.asked if s >= step}
+        self.ready = {s: batch for s, batch in self.ready.items() if s >= step}
         for s in range(step, min(step + self.ahead, self.last + 1)):
-            if s not in self.pending:
-                self.pending[s] = self.pool.apply_async(_worker_batch, (s,))
-        try:
-            batch = self.pending.pop(step).get(timeout=self.wait_s if self.started else 0)
-        except multiprocessing.TimeoutError:
+            if s not in self.asked:
+                try:
+                    self._conn(s).send(s)
+                except OSError:  # that worker is gone: the loop draws its steps
+                    continue
+                self.asked.add(s)
+        if step in self.ready:
+            return self.ready.pop(step)
+        if step not in self.asked:
             return None
-        self.started = True
-        return batch
+        conn, deadline = self._conn(step), time.monotonic() + (self.wait_s if self.started else 0)
+        try:
+            while conn.poll(max(0.0, deadline - time.monotonic())):
+                got, batch = conn.recv()
+                if got == step:
+                    self.started = True
+                    return batch
+                if got > step:  # kept for its step; this one will not come from this worker now
+                    self.ready[got] = batch
+                    break
+                # got < step: a batch the loop drew itself when it was late; dropped
+        except (EOFError, OSError):  # the worker died: its pipe is closed
+            pass
+        return None
 
     def close(self) -> None:
-        self.pool.terminate()
-        self.pool.join()
+        """End the workers, whatever state they are in; never waits on one."""
+        for conn in self.conns:
+            conn.close()
+        for proc in self.procs:
+            proc.kill()
+            proc.join()
 
 
 class NonFiniteLoss(ArithmeticError):

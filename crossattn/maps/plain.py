@@ -83,11 +83,20 @@ def token_maps(store: AttentionStore, size: tuple[int, int], layers: list[str] |
     return torch.stack(maps).mean(dim=0)  # (B, T, H, W)
 
 
+def check_word_list(words: list[Word]) -> None:
+    """ValueError unless `words` is a non-empty list of `Word`s (text alone does not say which tokens to read)."""
+    if not words:
+        raise ValueError("words is empty: give the prompt's words (crossattn.text.prompt_words)")
+    wrong = next((w for w in words if not isinstance(w, Word)), None)
+    if wrong is not None:
+        raise ValueError(f"words must be Word objects with their token positions, from crossattn.text."
+                         f"prompt_words(tokenizer, prompt); got a {type(wrong).__name__} ({wrong!r:.40})")
+
+
 def check_words(words: list[Word], keys: int) -> None:
     """ValueError unless `words` is non-empty and every token index lies in 0 .. keys - 1 (a negative one
     would silently read from the end)."""
-    if not words:
-        raise ValueError("words is empty: give the prompt's words (crossattn.text.prompt_words)")
+    check_word_list(words)
     for w in words:
         bad = [t for t in w.tokens if not 0 <= t < keys]
         if bad:
@@ -133,6 +142,7 @@ def word_maps(store: AttentionStore, words: list[Word], size: tuple[int, int], i
     `select` takes token_maps' filters: layers, resolutions, heads, timesteps, mode.
     """
     check_normalize(normalize)  # at the door: before the maps are computed
+    check_word_list(words)
     check_index(index, store.batch_size)
     tokens = token_maps(store, size, **select)  # (B, T, H, W)
     return merge_all(tokens, words, index, normalize)

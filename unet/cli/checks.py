@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-import math
 import re
 
-from crossattn.errors import UsageError, shorten
+from crossattn.errors import UsageError, check_number, shorten
 from crossattn.text import dropped_words, prompt_words
 
 from ..pipeline import Settings, check_seed, default_size, size_multiple
 from .memory import available_memory, memory_estimate
+
+# beyond this the guided noise estimate leaves the range the model was trained on and the image saturates to black
+# (1e308 overflowed to inf); real Stable Diffusion uses 1 to 20
+GUIDANCE_RANGE = (0.0, 100.0)
+
+
+def check_guidance(guidance: float | None, flag: str = "--guidance") -> None:
+    """UsageError unless the guidance scale is None (the model's own) or in `GUIDANCE_RANGE`."""
+    if guidance is not None:
+        check_number(flag, guidance, *GUIDANCE_RANGE, " (<= 1 turns guidance off)")
 
 
 def check_prompt_text(prompt: str) -> None:
@@ -71,8 +80,7 @@ def check_settings(settings: Settings) -> None:
     for flag, value in (("--steps", settings.steps), ("--num-images", settings.num_images)):
         if value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
-    if settings.guidance is not None and not math.isfinite(settings.guidance):
-        raise UsageError(f"--guidance must be a finite number (<= 1 turns guidance off), got {settings.guidance}")
+    check_guidance(settings.guidance)
     check_seed(settings.seed)
     for flag, value in (("--height", settings.height), ("--width", settings.width)):
         if value is not None and value < 1:

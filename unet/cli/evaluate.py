@@ -10,7 +10,6 @@
 import argparse
 import datetime
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from crossattn.text import dropped_words
 from unet.cli import (
     MAX_SEED,
     UsageError,
+    check_guidance,
     check_out_dir,
     interrupted,
     partial_folder,
@@ -112,8 +112,7 @@ def check_args(args) -> None:
     for flag, value in (("--seeds", args.seeds), ("--steps", args.steps), ("--dataset-images", args.dataset_images)):
         if value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
-    if args.guidance is not None and not math.isfinite(args.guidance):
-        raise UsageError(f"--guidance must be a finite number, got {args.guidance}")
+    check_guidance(args.guidance)
     try:
         check_factor("--reweight-factor", args.reweight_factor)
     except ValueError as e:
@@ -127,8 +126,12 @@ def check_args(args) -> None:
         raise UsageError("--relations-only and --fresh-seeds are two measurements; give one")
     if args.tasks != list(TASKS) and args.fresh_seeds is None:
         raise UsageError("--tasks chooses what --fresh-seeds samples; a full evaluation runs every task")
-    if args.fresh_seeds is not None and not 0 <= args.fresh_seeds <= MAX_SEED:
-        raise UsageError(f"--fresh-seeds must be a seed from 0 to {MAX_SEED}, got {args.fresh_seeds}")
+    if args.fresh_seeds is not None:
+        # generate_batches seeds each batch with BASE + its first prompt's index: the last one must be a seed too
+        last = len([p for p in eval_prompts() if p.task in args.tasks]) - 1
+        if not 0 <= args.fresh_seeds <= MAX_SEED - last:
+            raise UsageError(f"--fresh-seeds must be a seed from 0 to {MAX_SEED - last} (the evaluation seeds its "
+                             f"batches from BASE to BASE + {last}), got {args.fresh_seeds}")
     if args.readme is not None:
         try:
             check_readme(Path(args.readme))

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from unet.attend import read_image
-from unet.cli import UsageError, usage_error
+from unet.cli import UsageError, shorten, usage_error
 from unet.eval.detect import Detection, detect
 from unet.eval.map_scoring import attention_on_objects
 from unet.eval.prompts import check, parse_prompt
@@ -50,8 +51,11 @@ def run_maps(path: str, image: np.ndarray) -> tuple[dict, list[str], torch.Tenso
                          "give the images of a generate.py run folder")
     try:
         meta, words, maps = read_run(path.parent, image=path.name)  # ValueError: not one of the run's images
-    except (OSError, ValueError, KeyError, IndexError, RuntimeError) as e:  # RuntimeError: a run with no words
-        raise UsageError(f"--maps: cannot read the maps of {path} from its run folder ({e})") from e
+    # a damaged folder: RuntimeError (a run with no words), TypeError (a meta.json that is not an object of lists),
+    # SafetensorError (a truncated or garbage maps.safetensors)
+    except (OSError, ValueError, KeyError, IndexError, RuntimeError, TypeError, SafetensorError) as e:
+        raise UsageError(f"--maps: cannot read the maps of {path} from its run folder ({type(e).__name__}: "
+                         f"{shorten(' '.join(str(e).split()), 120)})") from e
     if tuple(maps.shape[-2:]) != image.shape[:2]:
         raise UsageError(f"--maps: {path} is {image.shape[1]}x{image.shape[0]} but its maps are "
                          f"{maps.shape[-1]}x{maps.shape[-2]}; the image must be the run's own, unresized")

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from crossattn.overlay import to_uint8
-from unet.cli import UsageError, usage_error
+from unet.cli import UsageError, check_guidance, usage_error
 from unet.folders import write_failed
 from unet.pipeline import load_pipeline
 from unet.train import TrainConfig
@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     if args.seeds < 1 or args.steps < 1 or args.scale < 1:
         return usage_error("--seeds, --steps and --scale must be positive")
     try:
+        check_guidance(args.guidance)
         pipe = load_pipeline(args.model)
     except UsageError as e:
         return usage_error(e)

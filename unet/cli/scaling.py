@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from unet.cli import UsageError, usage_error
+from unet.cli import UsageError, check_guidance, usage_error
 from unet.eval.evaluate import run_evaluation
 from unet.eval.scaling import best_row, scaling_row, snapshots, wall_minutes, write_scaling
 from unet.pipeline import load_pipeline
@@ -40,6 +40,10 @@ def main(argv=None) -> int:
         return usage_error(f"{run} is not a training run folder (no train_config.json)")
     if args.seeds < 1:
         return usage_error(f"--seeds must be a positive integer, got {args.seeds}")
+    try:
+        check_guidance(args.guidance)
+    except UsageError as e:
+        return usage_error(e)
     out = Path(args.out) if args.out else run / "scaling"
     cache = out / "scaling.json"
     rows = {r["step"]: r for r in json.loads(cache.read_text())["rows"]} if cache.exists() else {}

@@ -15,8 +15,10 @@ That is how the levers are measured on a trained model (docs/experiments/levers-
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import sys
 from dataclasses import fields
@@ -26,7 +28,7 @@ from crossattn.text import load_text_encoder, load_tokenizer
 from unet import checkpoint
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
 from unet.data import SceneDataset
-from unet.folders import WRITE_ERRORS, write_failed
+from unet.folders import WRITE_ERRORS, hold_folder, write_failed
 from unet.pipeline import progress_bars
 from unet.recipe_file import known_recipes, read_recipe
 from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, resumed_config
@@ -112,14 +114,42 @@ def self_attention_flags(chosen: list[int], count: int) -> tuple:
     return tuple(i in chosen for i in range(count))
 
 
+def saved_config(out: Path) -> dict | None:
+    """A run folder's train_config.json; None where it cannot be read (check_resumable then says why)."""
+    try:
+        saved = json.loads((out / "train_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
 def saved_steps(out: Path) -> int | None:
     """The length a run folder was started with, which a --resume without --steps trains to; None where the
-    folder's config cannot say (check_resumable then says why)."""
-    try:
-        steps = json.loads((out / "train_config.json").read_text())["steps"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    folder's config cannot say."""
+    steps = (saved_config(out) or {}).get("steps")
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
+# settings of one call, not of the run: a continued run takes them from its command line
+CALL_SETTINGS = ("out", "steps", "max_minutes", "data_workers", "resume", "grown_from")
+
+
+def refuse_dropped(args, run: TrainConfig, may_change: tuple, why: str) -> None:
+    """UsageError for a setting the command line gave that differs from the continued `run`'s and that the call
+    cannot change (it would be dropped without a word). A flag repeated with the run's own value is fine."""
+    given = {name: getattr(args, name) for name in args.given if name in {f.name for f in fields(TrainConfig)}}
+    if "self_attention_levels" in args.given:
+        given["self_attention"] = self_attention_flags(args.self_attention_levels, len(run.channels))
+    for name, value in given.items():
+        if name in CALL_SETTINGS or name in may_change:
+            continue
+        have = getattr(run, name)
+        if (list(value) == list(have)) if name in ("channels", "self_attention") else value == have:
+            continue
+        flag = "self-attention-levels" if name == "self_attention" else name.replace("_", "-")
+        shown = levels(value) if name == "self_attention" else value
+        kept = levels(have) if name == "self_attention" else have
+        raise UsageError(f"--{flag} {shown} cannot take effect: {why} (here {kept})")
 
 
 def training_config(args) -> TrainConfig:
@@ -159,6 +189,8 @@ def training_config(args) -> TrainConfig:
         raise UsageError(f"{source} was grown from {cfg.grown_from} and has not saved a step of its own: its "
                          f"checkpoint's text weights may still be its source's; train {source} first, or grow "
                          "from its source")
+    refuse_dropped(args, cfg, (*GROWTH, "clip", "self_attention"),
+                   f"--grow-from keeps what {source} has except the settings its help lists")
     changes = {name: values[name] for name in GROWTH if values.get(name) is not None}
     if changes.get("lr_schedule") not in (None, "cooldown"):  # leaving a cooldown: its steps no longer apply
         changes.setdefault("decay_start", 0)
@@ -199,6 +231,18 @@ def training_config(args) -> TrainConfig:
         raise UsageError(f"--text-lr with --clip {args.clip}: grow {source} onto that frozen CLIP first, then grow "
                          "that run with --text-lr (the checkpoint's text weights are its source's own until then)")
     return dataclasses.replace(cfg, **changes, grown_from=f"{source}@{step}", resume=False)
+
+
+def refuse_changes_on_resume(args) -> None:
+    """UsageError for a setting given with --resume that differs from the run's: the run continues with its own."""
+    saved, run = saved_config(Path(args.out)), None
+    try:
+        run = saved and resumed_config(TrainConfig(out=args.out), saved)
+    except (TypeError, ValueError):  # a config check_resumable let pass but not a TrainConfig's: nothing to compare
+        return
+    if run:
+        refuse_dropped(args, run, (), f"--resume continues {args.out} with the settings it started with, so that it "
+                                      "continues exactly; to change one, --grow-from the run into a new folder")
 
 
 def recipe_config(args) -> TrainConfig:
@@ -308,16 +352,37 @@ def _main(args) -> int:
             if args.num_samples <= 0:
                 raise ValueError("--make-data needs --num-samples N > 0")
             check_out_dir(args.make_data, "--make-data")
-            return make_data(args)
+            with hold_folder(args.make_data, "--make-data"):  # written in place: one writer at a time
+                return make_data(args)
         cfg = training_config(args)
         check_config(cfg)
-        if args.grow_from is not None and Path(cfg.out).exists() and any(Path(cfg.out).iterdir()):
-            raise UsageError(f"--out {cfg.out} is not empty: --grow-from starts a new run folder")
+        if cfg.resume:
+            refuse_changes_on_resume(args)
+        if "key_margin" in args.given and not cfg.key_separation_weight and cfg.key_margin != TrainConfig.key_margin:
+            # (a recipe's weight of 0 with the default margin is fine: only a margin asked for and unused is refused)
+            raise UsageError(f"--key-margin {cfg.key_margin} applies only with a --key-separation-weight above 0 "
+                             "(the margin is where that loss starts pushing two colour words' Keys apart)")
     except (ValueError, OSError, UsageError) as e:
         return usage_error(e)
     except KeyboardInterrupt as e:
         return interrupted(e, "nothing was written")
+    # one writer per run folder, for the whole run; only the main process claims it: under `accelerate launch` the
+    # others write into it beside that one
+    claim = hold_folder(cfg.out) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext()
+    try:
+        with claim:
+            return _train(args, cfg)
+    except UsageError as e:  # the folder is held by another run, or not a new one for --grow-from
+        return usage_error(e)
+    except KeyboardInterrupt as e:  # while claiming, before _train began
+        return interrupted(e, "nothing was written")
+
+
+def _train(args, cfg: TrainConfig) -> int:
+    """Train in the claimed run folder; undo a failed start."""
     out = Path(cfg.out)
+    if args.grow_from is not None and out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {cfg.out} is not empty: --grow-from starts a new run folder")
     before = _entries(out)
     try:
         if args.grow_from is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from unet.cli import usage_error
+from unet.cli import UsageError, check_guidance, usage_error
 from unet.eval.evaluate import run_evaluation
 from unet.eval.scaling import scaling_row, wall_minutes
 from unet.train import TrainConfig, Trainer
@@ -33,6 +33,10 @@ def main(argv=None) -> int:
                    help="guidance scale of the evaluation (default: the model's own, from its model_index.json)")
     p.add_argument("--resume", action="store_true", help="continue OUT")
     args = p.parse_args(argv)
+    try:
+        check_guidance(args.guidance)
+    except UsageError as e:
+        return usage_error(e)
     config = Path(args.run) / "train_config.json"
     if not config.exists():
         return usage_error(f"{config} does not exist")

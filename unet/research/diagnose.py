@@ -50,10 +50,20 @@ from PIL import Image
 from crossattn.control import Recipe
 from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
-from unet.cli import UsageError, usage_error
+from unet.cli import (
+    UsageError,
+    check_guidance,
+    check_out_dir,
+    interrupted,
+    partial_folder,
+    publish_files,
+    sigterm_as_interrupt,
+    usage_error,
+)
 from unet.data import COLORS, SHAPES
 from unet.eval.detect import detect
 from unet.eval.prompts import background_grain
+from unet.folders import WRITE_ERRORS, hold_folder, write_failed
 from unet.pipeline import default_guidance, load_pipeline, make_scheduler, model_label
 
 
@@ -500,18 +510,33 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.seeds is None:
         args.seeds = 24 if args.what in ("two-objects", "text-routes", "self-attention-wall") else 4
-    if args.seeds < 1:
-        return usage_error(UsageError(f"--seeds must be a positive integer, got {args.seeds}"))
-    if (Path(args.out) / f"{args.what}.json").exists() and not args.overwrite:
-        return usage_error(UsageError(f"--out {args.out} already holds {args.what}.json; pass --overwrite to replace "
-                                      "it, or choose another folder"))
-    try:
-        pipe = load_pipeline(args.model)
-    except UsageError as e:
-        return usage_error(e)
+    with sigterm_as_interrupt():
+        try:
+            if args.seeds < 1:
+                raise UsageError(f"--seeds must be a positive integer, got {args.seeds}")
+            check_guidance(args.guidance)
+            check_out_dir(args.out)
+            with hold_folder(args.out):  # one writer per folder: a second command into it is refused
+                return diagnose(args)
+        except UsageError as e:
+            return usage_error(e)
+        except WRITE_ERRORS as e:
+            return write_failed(e, f"{args.what}.json into {args.out}")
+        except KeyboardInterrupt as e:
+            return interrupted(e, "nothing was written")
+
+
+def diagnose(args) -> int:
+    """Run the diagnosis `args.what` and write its JSON (and, for two-objects, misses.png) into --out whole."""
+    out = Path(args.out)
+    if (out / f"{args.what}.json").exists() and not args.overwrite:
+        raise UsageError(f"--out {args.out} already holds {args.what}.json; pass --overwrite to replace it, or "
+                         "choose another folder")
+    pipe = load_pipeline(args.model)
     colours = [c for c in COLORS for _ in SHAPES]
     prompts = [f"a {c} {s}" for c in COLORS for s in SHAPES]
     result = {"model": model_label(args.model), "prediction_type": pipe.scheduler.config.prediction_type}
+    grid = None
     if args.what == "first-step":
         result.update(first_step=first_step_x0(pipe, prompts, 0, default_guidance(pipe) if args.guidance is None
                                                               else args.guidance),
@@ -520,10 +545,7 @@ def main(argv=None) -> int:
     elif args.what == "words":
         result["words"] = word_merging(pipe)
     elif args.what == "two-objects":
-        try:
-            records = objects_along_sampling(pipe, seeds=args.seeds)
-        except UsageError as e:
-            return usage_error(e)
+        records = objects_along_sampling(pipe, seeds=args.seeds)
         second = object_map_overlap(pipe, seeds=args.seeds)
         for r, again in zip(records, second):
             r["overlap"] = again["overlap"]
@@ -536,26 +558,21 @@ def main(argv=None) -> int:
         if misses:
             misses += [np.full_like(misses[0], 128)] * (-len(misses) % 8)
             grid = np.concatenate([np.concatenate(misses[k:k + 8], axis=1) for k in range(0, len(misses), 8)])
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            Image.fromarray(grid).resize((grid.shape[1] * 4, grid.shape[0] * 4), Image.NEAREST).save(
-                Path(args.out) / "misses.png")
     elif args.what == "text-routes":
-        try:
-            result["text_routes"] = text_routes(pipe, seeds=args.seeds)
-        except UsageError as e:
-            return usage_error(e)
+        result["text_routes"] = text_routes(pipe, seeds=args.seeds)
     elif args.what == "self-attention-wall":
-        try:
-            result["self_attention_wall"] = self_attention_wall(pipe, seeds=args.seeds)
-        except UsageError as e:
-            return usage_error(e)
+        result["self_attention_wall"] = self_attention_wall(pipe, seeds=args.seeds)
     elif args.what == "grain":
         result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
     else:
         result["unconditional"] = unconditional_colours(pipe, 12 * args.seeds)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.what}.json").write_text(json.dumps(result, indent=1))
+    with partial_folder(out) as tmp:  # written whole, then moved in: never a 0-byte JSON on a full disk
+        written = [tmp / f"{args.what}.json"]
+        written[0].write_text(json.dumps(result, indent=1))
+        if grid is not None:
+            written.append(tmp / "misses.png")
+            Image.fromarray(grid).resize((grid.shape[1] * 4, grid.shape[0] * 4), Image.NEAREST).save(written[1])
+        publish_files(tmp, out, written)
     print(json.dumps(result, indent=1))
     return 0
 
