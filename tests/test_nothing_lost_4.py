@@ -250,3 +250,23 @@ def test_reliability_page_states_the_round_4_promises():
     for phrase in ("**One writer per folder.**", "**An interrupt keeps finished work.**",
                    "**Every number checked at the door.**", "`crossattn.errors.check_number`", "`.<name>.writer`"):
         assert phrase in page, phrase
+
+
+def test_a_pipeline_missing_a_weight_tensor_is_one_line(tiny_pipeline_dir, tmp_path):
+    """diffusers loads a U-Net file that lacks a tensor with a warning and leaves it on the meta device; the load
+    itself must refuse it, naming the tensor, before anything fails deep inside."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from unet.cli import UsageError
+    from unet.pipeline import load_pipeline
+
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_pipeline_dir, folder)
+    weights = folder / "unet" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["conv_out.weight"]
+    save_file(tensors, str(weights))
+    with pytest.raises(UsageError, match=r"lacks 1 weight tensor\(s\) \(unet.conv_out.weight\)"):
+        load_pipeline(folder, show_progress=False)

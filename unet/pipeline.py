@@ -181,6 +181,13 @@ def load_pipeline(model: str | Path | None = None, scheduler: str = "ddim", devi
         pipe.scheduler = make_scheduler(scheduler, pipe.scheduler.config)
     except ValueError as e:
         raise UsageError(str(e)) from e
+    # diffusers loads a weights file that lacks a tensor with a warning, leaving that tensor on the meta device,
+    # where the first use fails deep inside
+    missing = [f"{name}.{key}" for name, part in pipe.components.items() if isinstance(part, torch.nn.Module)
+               for key, value in part.state_dict().items() if value.is_meta]
+    if missing:
+        raise UsageError(f"the model in {folder} lacks {len(missing)} weight tensor(s) "
+                         f"({shorten(', '.join(missing))}): its weights are incomplete or belong to another model")
     try:  # damaged weights would sample NaN, which becomes an all-black image without a word
         check_finite({f"{name}.{key}": value for name, part in pipe.components.items()
                       if isinstance(part, torch.nn.Module) for key, value in part.state_dict().items()},
