@@ -114,6 +114,18 @@ def self_attention_flags(chosen: list[int], count: int) -> tuple:
     return tuple(i in chosen for i in range(count))
 
 
+def given_settings(args, channels: tuple) -> dict:
+    """The TrainConfig fields the command line gave: --channels as a tuple, and --self-attention-levels as one flag
+    per level of the given --channels, else of `channels` (the run's or the recipe's)."""
+    given = {name: getattr(args, name) for name in args.given if name in {f.name for f in fields(TrainConfig)}}
+    if "channels" in given:
+        given["channels"] = tuple(given["channels"])
+    if "self_attention_levels" in args.given:
+        count = len(given.get("channels", channels))
+        given["self_attention"] = self_attention_flags(args.self_attention_levels, count)
+    return given
+
+
 def saved_config(out: Path) -> dict | None:
     """A run folder's train_config.json; None where it cannot be read (check_resumable then says why)."""
     try:
@@ -137,9 +149,7 @@ CALL_SETTINGS = ("out", "steps", "max_minutes", "data_workers", "resume", "grown
 def refuse_dropped(args, run: TrainConfig, may_change: tuple, why: str) -> None:
     """UsageError for a setting the command line gave that differs from the continued `run`'s and that the call
     cannot change (it would be dropped without a word). A flag repeated with the run's own value is fine."""
-    given = {name: getattr(args, name) for name in args.given if name in {f.name for f in fields(TrainConfig)}}
-    if "self_attention_levels" in args.given:
-        given["self_attention"] = self_attention_flags(args.self_attention_levels, len(run.channels))
+    given = given_settings(args, run.channels)
     for name, value in given.items():
         if name in CALL_SETTINGS or name in may_change:
             continue
@@ -147,8 +157,8 @@ def refuse_dropped(args, run: TrainConfig, may_change: tuple, why: str) -> None:
         if (list(value) == list(have)) if name in ("channels", "self_attention") else value == have:
             continue
         flag = "self-attention-levels" if name == "self_attention" else name.replace("_", "-")
-        shown = levels(value) if name == "self_attention" else value
-        kept = levels(have) if name == "self_attention" else have
+        shown = levels(value) if name == "self_attention" else list(value) if name == "channels" else value
+        kept = levels(have) if name == "self_attention" else list(have) if name == "channels" else have
         raise UsageError(f"--{flag} {shown} cannot take effect: {why} (here {kept})")
 
 
@@ -256,13 +266,7 @@ def recipe_config(args) -> TrainConfig:
                          "run; give one")
     args.recipe_file, values = read_recipe(args.recipe)
     cfg = TrainConfig(**values)
-    overrides = {name: getattr(args, name) for name in args.given if name in {f.name for f in fields(TrainConfig)}}
-    if "channels" in overrides:
-        overrides["channels"] = tuple(overrides["channels"])
-    if "self_attention_levels" in args.given:
-        channels = overrides.get("channels", cfg.channels)
-        overrides["self_attention"] = self_attention_flags(args.self_attention_levels, len(channels))
-    return dataclasses.replace(cfg, **overrides)
+    return dataclasses.replace(cfg, **given_settings(args, cfg.channels))
 
 
 def frozen_text_side(clip: str, cfg: TrainConfig, source: Path, variant: str) -> str:
