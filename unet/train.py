@@ -439,28 +439,14 @@ def training_batch(cfg: TrainConfig, tokenizer, step: int, part: slice = slice(N
     return images, captions, masks
 
 
-_worker_state: tuple = ()  # (cfg, tokenizer, part) in a data worker process
-
-
-def _start_worker(cfg: TrainConfig, tokenizer, part: slice) -> None:
-    global _worker_state
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to hold and act on
-    torch.set_num_threads(1)
-    _worker_state = (cfg, tokenizer, part)
-
-
-def _worker_batch(step: int):
-    cfg, tokenizer, part = _worker_state
-    return training_batch(cfg, tokenizer, step, part)
-
-
 def _worker_loop(conn, cfg: TrainConfig, tokenizer, part: slice) -> None:
     """A data worker: draw the batch of each step asked on `conn` and send it back, until asked None or the pipe
     closes (the training process ended or closed it)."""
-    _start_worker(cfg, tokenizer, part)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to hold and act on
+    torch.set_num_threads(1)
     try:
         while (step := conn.recv()) is not None:
-            conn.send((step, _worker_batch(step)))
+            conn.send((step, training_batch(cfg, tokenizer, step, part)))
     except (EOFError, OSError):  # the trainer is gone or closed the pipe while this batch was drawn: nothing to say
         pass
 
