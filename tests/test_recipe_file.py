@@ -103,11 +103,12 @@ def test_a_tiny_recipe_trains_from_nothing_and_keeps_its_recipe(tmp_path):
     assert json.loads((run / "pipeline" / "train_config.json").read_text()) == saved
 
 
-def test_a_resolved_recipe_retrains_and_resumes_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_resolved_recipe_retrains_and_resumes_bit_for_bit(tmp_path, optimizer):
     """The run folder's resolved recipe trains the same run again; stopped half-way and resumed, it ends on the
     very same weights, optimizer moments and random streams (bf16 autocast included)."""
     first, again = tmp_path / "first", tmp_path / "again"
-    assert train_script.main(["--recipe", str(TINY), "--out", str(first), "--quiet"]) == 0
+    assert train_script.main(["--recipe", str(TINY), "--out", str(first), "--optimizer", optimizer, "--quiet"]) == 0
     resolved = first / "recipe.resolved.toml"
     assert train_script.main(["--recipe", str(resolved), "--out", str(again), "--steps", "2", "--quiet"]) == 0
     assert train_script.main(["--out", str(again), "--resume", "--steps", "4", "--quiet"]) == 0
