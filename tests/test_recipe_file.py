@@ -42,6 +42,18 @@ def test_untaught_differs_from_the_default_only_by_the_attention_terms():
     assert untaught.grounding_weight == untaught.pixel_grounding_weight == untaught.key_separation_weight == 0
 
 
+def test_the_quick_recipe_is_the_default_smaller_and_shorter():
+    """scenes-32-quick keeps every lesson of scenes-32 (losses, data, diffusion, optimizer kind, precision) and
+    changes only the model's size, the run's length, batch and rate, and how often it looks."""
+    quick, default = (TrainConfig(**read_recipe(name)[1]) for name in ("scenes-32-quick", "scenes-32"))
+    quick.validate()
+    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(quick, f.name) != getattr(default, f.name)}
+    assert changed == {"channels", "text_width", "text_layers", "batch_size", "lr", "warmup", "steps", "decay_start",
+                       "decay_steps", "sample_every", "checkpoint_every"}
+    assert quick.steps * quick.batch_size < default.steps * default.batch_size / 10
+    assert quick.decay_start + quick.decay_steps == quick.steps  # the cooldown ends the run, as the default's
+
+
 def test_a_resolved_recipe_reads_back_to_the_same_config(tmp_path):
     _, values = read_recipe("scenes-32")
     cfg = dataclasses.replace(TrainConfig(**values), lr=1.25e-3, self_attention=(False, True, True), seed=7,

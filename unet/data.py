@@ -66,6 +66,10 @@ class Scene:
     word_objects: dict[int, int]  # whitespace-word index -> object index, for colour and shape words
     relation: str | None = None  # "left of" etc. for relation captions: objects[0] <relation> objects[1]
 
+    def word_mask(self, index: int) -> np.ndarray:
+        """(H, W) bool: the visible pixels of the object whitespace word `index` names (a grounding loss's target)."""
+        return self.objects[self.word_objects[index]].mask
+
 
 def _coverage(shape: str, cx: float, cy: float, size: float, height: int, width: int, ss: int = 4) -> np.ndarray:
     """Fraction of each pixel the shape covers, by 4x4 supersampling: (H, W) float in [0, 1]."""

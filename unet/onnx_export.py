@@ -30,7 +30,7 @@ from crossattn.attention import CrossAttention
 from crossattn.capture import layer_hw
 from crossattn.errors import UsageError
 
-from .pipeline import PRETRAINED, ScenePipeline, load_pipeline, model_label
+from .pipeline import ScenePipeline, load_pipeline, model_folder, model_label
 
 OPSET = 17  # onnxruntime-web 1.31 runs it; the legacy exporter's best-tested opset
 FORMAT = 1  # live.json's layout; the page refuses another
@@ -120,7 +120,7 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outpu
 def load_exportable(model: str | Path | None):
     """The pipeline in folder `model` (None: the shipped one), loaded; UsageError (one line) for a folder that is
     not a pipeline or not one of ours."""
-    folder = PRETRAINED if model is None else Path(model)
+    folder = model_folder(model)
     pipe = load_pipeline(folder, show_progress=False)
     check_exportable(pipe, folder)
     return pipe

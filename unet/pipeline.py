@@ -74,14 +74,50 @@ class Settings:
     self_attention: bool = False
     truncate: bool = False
 SCHEDULERS = {"ddim": DDIMScheduler, "dpm": DPMSolverMultistepScheduler, "ddpm": DDPMScheduler}
-PRETRAINED = Path(__file__).parent / "pretrained" / "scenes-32"
+SHIPPED = Path(__file__).parent / "pretrained"  # the pipelines that ship inside the package, one folder each
+PRETRAINED = SHIPPED / "scenes-32"  # the default model
+# models this project names but does not ship yet, and the command that trains each
+NOT_YET_SHIPPED = {"scenes-64": "python scripts/train.py --recipe scenes-64 --out runs/scenes-64"}
 TRAINED_WORDS = "trained_words.json"
+# The synthetic worlds a model of this project is trained in (`TrainConfig.world`): scenes-32 (unet/data.py) and
+# scenes-64 (unet/world.py, unet/scenes64.py). A pipeline folder's train_config.json names its world; one without a
+# name in it was trained before scenes-64 existed, in scenes-32.
+WORLDS = ("scenes-32", "scenes-64")
+
+
+def shipped_models() -> list[str]:
+    """The names `--model` takes for the shipped pipelines: the folders in unet/pretrained/."""
+    return sorted(p.name for p in SHIPPED.iterdir() if (p / "model_index.json").is_file())
+
+
+def model_folder(model: str | Path | None) -> Path:
+    """The folder of `--model`: None is the default model; a shipped model's name ("scenes-32") is its folder in
+    unet/pretrained/; anything else is a path. A folder that exists wins over a name, so `--model scenes-32` in a
+    directory holding a scenes-32 folder means that folder, as it did before names."""
+    if model is None:
+        return PRETRAINED
+    if not Path(model).exists() and str(model) in shipped_models():
+        return SHIPPED / str(model)
+    return Path(model)
+
+
+def missing_model(model: str | Path) -> str:
+    """The one line for a `--model` that is neither a folder nor a shipped model's name."""
+    line = (f"model folder {model} does not exist; the shipped models are {', '.join(shipped_models())} (by name: "
+            f"--model NAME), or give the path of a pipeline folder")
+    if str(model) in NOT_YET_SHIPPED:
+        line += (f"; {model} is not trained yet: `{NOT_YET_SHIPPED[str(model)]}` trains it (then --model "
+                 f"runs/{model}/pipeline)")
+    return line
 
 
 def model_label(model: str | Path | None) -> str:
-    """What a report calls the model it measured: the folder given, or the shipped one and where it lives (the
+    """What a report calls the model it measured: the folder given, or a shipped one and where it lives (the
     shipped model changes when a better one ships: with the report's date, the path says which it was)."""
-    return str(model) if model else f"shipped {PRETRAINED.name} ({PRETRAINED.relative_to(PRETRAINED.parents[2])})"
+    folder = model_folder(model)
+    if folder.parent != SHIPPED:
+        return str(model)
+    return f"shipped {folder.name} ({folder.relative_to(SHIPPED.parents[1])})"
 
 
 def make_scheduler(name: str, config) -> object:
@@ -139,10 +175,10 @@ def load_pipeline(model: str | Path | None = None, scheduler: str = "ddim", devi
     if model is not None and not str(model).strip():
         raise UsageError("the model folder is empty (''); give a pipeline folder, or leave it out for the "
                          "shipped model")
-    folder = PRETRAINED if model is None else Path(model)
+    folder = model_folder(model)
     index = folder / "model_index.json"
     if not folder.exists():
-        raise UsageError(f"model folder {folder} does not exist")
+        raise UsageError(missing_model(model))
     if not folder.is_dir():
         raise UsageError(f"model {folder} is a file, not a pipeline folder")
     if not index.is_file():
@@ -161,6 +197,7 @@ def load_pipeline(model: str | Path | None = None, scheduler: str = "ddim", devi
             raise UsageError(f"{folder / TRAINED_WORDS} must be a JSON list of words, "
                              f"got {shorten(repr(trained_words))}")
         trained_words = set(trained_words)
+    world = pipeline_world(folder) if config["_class_name"] == "ScenePipeline" else None  # Stable Diffusion: none
     check_device(device)
     try:
         with warnings.catch_warnings(), progress_bars(show_progress):
@@ -195,7 +232,22 @@ def load_pipeline(model: str | Path | None = None, scheduler: str = "ddim", devi
     except ValueError as e:
         raise UsageError(str(e)) from e
     pipe.trained_words = trained_words
+    pipe.world = world
     return pipe
+
+
+def pipeline_world(folder: Path) -> str:
+    """The world (`WORLDS`) the pipeline in `folder` was trained in, as its train_config.json names it; scenes-32 for
+    a folder without one, or with a config from before worlds had names."""
+    path = folder / "train_config.json"
+    if not path.is_file():
+        return "scenes-32"
+    config = _read_json(path, "the settings the model was trained with")
+    world = config.get("world", "scenes-32") if isinstance(config, dict) else None
+    if world not in WORLDS:
+        raise UsageError(f"{path} names the world {shorten(repr(world))}; this code knows "
+                         f"{', '.join(WORLDS)}")
+    return world
 
 
 @dataclass

@@ -96,9 +96,11 @@ def lr_at(step: int, cfg) -> float:
 
 
 def word_masks(scenes: list, captions: list[str], tokenizer) -> torch.Tensor:
-    """(B, T, H, W) float: for each token of a caption that names one of its scene's objects (the object's colour
-    or shape word), that object's visible pixels; zeros for every other token, and for a caption dropped to ""
-    (`captions` are the ones trained on, `scenes` the ones drawn)."""
+    """(B, T, H, W) float: for each token of a caption's word that names objects of its scene (`scene.word_objects`),
+    the pixels of those objects (`scene.word_mask`); zeros for every other token, and for a caption dropped to ""
+    (`captions` are the ones trained on, `scenes` the ones drawn). Scenes of either world: in scenes-32 a colour or
+    shape word names one object; in scenes-64 a count, size, colour or shape word names every object of its group,
+    so a numeral's mask covers all of its objects."""
     T = tokenizer.model_max_length
     H, W = scenes[0].image.shape[:2]
     masks = torch.zeros(len(scenes), T, H, W)
@@ -108,7 +110,7 @@ def word_masks(scenes: list, captions: list[str], tokenizer) -> torch.Tensor:
         for word in prompt_words(tokenizer, caption):
             if word.index in scene.word_objects:
                 for position in word.tokens:
-                    masks[b, position] = torch.from_numpy(scene.objects[scene.word_objects[word.index]].mask)
+                    masks[b, position] = torch.from_numpy(scene.word_mask(word.index))
     return masks
 
 
@@ -215,12 +217,13 @@ def object_overlap_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> tor
     return torch.stack(per_layer).mean()
 
 
-def colour_pairs(captions: list[str], tokenizer) -> torch.Tensor:
+def colour_pairs(captions: list[str], tokenizer, colour_words=tuple(COLORS)) -> torch.Tensor:
     """(P, 3) long: (caption, token of its first colour word, token of its second) for every caption that names two
-    different colours -- the pairs whose Keys `key_separation_loss` keeps apart (a dropped caption "" has none)."""
+    different colours of `colour_words` (the world's: scenes-32's by default) -- the pairs whose Keys
+    `key_separation_loss` keeps apart (a dropped caption "" has none)."""
     found = []
     for b, caption in enumerate(captions):
-        colours = [w for w in prompt_words(tokenizer, caption) if w.text in COLORS and w.tokens]
+        colours = [w for w in prompt_words(tokenizer, caption) if w.text in colour_words and w.tokens]
         if len(colours) == 2 and colours[0].text != colours[1].text:
             found.append((b, colours[0].tokens[0], colours[1].tokens[0]))
     return torch.tensor(found, dtype=torch.long).reshape(-1, 3)

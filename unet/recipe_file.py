@@ -32,7 +32,7 @@ SECTIONS = {
     "model": ("size", "channels", "cross_attention", "self_attention", "heads", "position_embedding",
               "pooled_text"),
     "text": ("text_width", "text_layers", "max_length", "clip", "text_lr", "text_variant", "side_hint_gain"),
-    "data": ("single_share", "colourless_share", "and_order", "caption_dropout", "num_samples", "data"),
+    "data": ("world", "single_share", "colourless_share", "and_order", "caption_dropout", "num_samples", "data"),
     "diffusion": ("prediction_type", "zero_terminal_snr", "min_snr_gamma", "timestep_sampling", "layout_share",
                   "layout_fraction", "logit_mean", "logit_std"),
     "losses": ("grounding_weight", "pixel_grounding_weight", "overlap_weight", "key_separation_weight",

@@ -32,12 +32,12 @@ from tqdm.auto import tqdm
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
 from . import checkpoint
-from .data import SCENE_WORDS, SceneDataset, SceneSampler, check_and_order, scenes_to_tensor, to_model_range
+from .data import COLORS, SCENE_WORDS, SceneDataset, SceneSampler, check_and_order, scenes_to_tensor, to_model_range
 from .folders import partial_folder, publish, remove_stale_temp_files
 from .growth import load_weights, remap_moments
 from .model import UNet
 from .muon import MuonAdamW, is_muon_matrix
-from .pipeline import ScenePipeline, check_seed, make_scheduler
+from .pipeline import WORLDS, ScenePipeline, check_seed, make_scheduler
 from .recipe import (
     LR_SCHEDULES,
     TIMESTEP_SAMPLING,
@@ -54,14 +54,21 @@ from .recipe import (
     word_masks,
 )
 from .recipe_file import dump_recipe
+from .scenes64 import Scenes64Sampler
 from .signals import DeferredSignals
 from .text_variants import TEXT_VARIANTS, text_side
+from .world import CAPTION_TOKENS, IMAGE_SIZE, LONGEST_CAPTION, known_words
+from .world import COLORS as COLORS_64
 
 # Training derives torch seeds from its seed (seed + step, seed * 100003 + epoch), and torch's must fit in
 # 64 bits: 32-bit seeds keep them in range for any run length (sampling takes all 64 bits: pipeline.MAX_SEED).
 TRAIN_MAX_SEED = 2 ** 32 - 1
 PRECISIONS = ("fp32", "bf16")
 OPTIMIZERS = ("adamw", "muon")
+# What each world's captions are made of (`TrainConfig.world`): the tokenizer's vocabulary (one token per word) and
+# the colour words whose Keys the key separation term keeps apart
+VOCABULARY = {"scenes-32": SCENE_WORDS, "scenes-64": known_words()}
+COLOUR_WORDS = {"scenes-32": tuple(COLORS), "scenes-64": tuple(COLORS_64)}
 
 # a run folder's record of what made it, copied into its pipeline: the recipe file as written (runs trained from
 # one), the resolved recipe (every field, overrides applied: `--recipe` it to train the run again) and the same
@@ -79,6 +86,9 @@ class TrainConfig:
     out: str = "runs/train"
     data: str | None = None  # a folder from `--make-data`
     num_samples: int = 0  # > 0: draw this many scenes once and repeat them; 0: fresh scenes every batch
+    # the synthetic world the scenes come from (`WORLDS`): "scenes-32" (unet/data.py: 4 colours, 3 shapes, one or two
+    # objects) or "scenes-64" (unet/scenes64.py: 8 colours, 6 shapes, 2 sizes, counts 1-4; fresh scenes only)
+    world: str = "scenes-32"
     size: int = 32
     steps: int = 3500
     batch_size: int = 32
@@ -99,8 +109,10 @@ class TrainConfig:
     ema_decay: float = 0.999  # reached after a warm-up of (1 + step) / (10 + step)
     caption_dropout: float = 0.1  # empty captions teach the unconditional model for guidance
     single_share: float = 0.4  # share of one-object scenes; the rest are pairs, 4 in 5 of them with a relation
+    # (scenes-64: the share of captions naming one group, `Scenes64Sampler`'s p_one_group)
     # share of pairs of two different shapes captioned without colours ("a circle and a square"); the only pairs
     # where shape words alone tell the two objects apart (same-shape pairs always name their colours)
+    # (scenes-64: the share of groups written without their colour word, p_colourless)
     colourless_share: float = 0.2
     and_order: str = "any"  # or "reading": "a circle and a square" puts the circle first as read (unet.data.AND_ORDERS)
     prediction_type: str = "v_prediction"  # or "epsilon"; an epsilon model cannot predict x0 at zero SNR
@@ -169,6 +181,7 @@ class TrainConfig:
                              "scenes / none / in the training loop)")
         if self.layout_seeds <= 0:
             raise ValueError(f"layout_seeds must be a positive integer, got {self.layout_seeds}")
+        self.check_world()  # before the checks it would explain: a scenes-64 run has no --num-samples to give
         if self.prediction_type not in ("epsilon", "v_prediction"):
             raise ValueError(f"prediction_type must be 'epsilon' or 'v_prediction', got {self.prediction_type!r}")
         if self.zero_terminal_snr and self.prediction_type == "epsilon":
@@ -256,6 +269,33 @@ class TrainConfig:
             raise ValueError(f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}: "
                              "every batch would be short")
         check_seed(self.seed, top=TRAIN_MAX_SEED)
+
+    def check_world(self) -> None:
+        """ValueError for a `world` not in `WORLDS`, or a setting a scenes-64 run cannot take. scenes-64's sampler has
+        knobs for single_share, colourless_share and and_order; its other shares (positions, unsized groups, "one"
+        for "a") keep `Scenes64Sampler`'s defaults. What only scenes-32 has is refused: a dataset folder or a fixed
+        set of scenes, a frozen CLIP or an ablation text side (their vocabularies are scenes-32's) and the layout log
+        (scenes-32's prompts and detector)."""
+        if self.world not in WORLDS:
+            raise ValueError(f"world must be one of {', '.join(map(repr, WORLDS))}, got {self.world!r}")
+        if self.world != "scenes-64":
+            return
+        fresh = "a scenes-64 run draws fresh scenes every batch"
+        own_text = "a scenes-64 run trains its own CLIP text encoder on the world's vocabulary"
+        only_32 = (("--data", self.data is not None, fresh), ("--num-samples", self.num_samples > 0, fresh),
+                   ("--clip", self.clip is not None, own_text),
+                   (f"--text-variant {self.text_variant}", self.text_variant != "clip", own_text),
+                   ("--layout-every", self.layout_every > 0, "the layout log samples scenes-32's prompts"))
+        for flag, given, why in only_32:
+            if given:
+                raise ValueError(f"{flag} is for world scenes-32 only: {why}")
+        if self.max_length < CAPTION_TOKENS:
+            raise ValueError(f"max_length {self.max_length} would cut the longest captions of world scenes-64 "
+                             f"(\"{LONGEST_CAPTION}\" is {CAPTION_TOKENS} tokens with its start and end): give at "
+                             f"least {CAPTION_TOKENS}")
+        if self.size < 16:
+            raise ValueError(f"size {self.size} is too small for world scenes-64: four big objects fit from 16 px "
+                             f"(its detector needs {IMAGE_SIZE})")
 
     @property
     def trains_text(self) -> bool:
@@ -345,7 +385,7 @@ def build_components(cfg: TrainConfig, folder: Path, tokenizer=None):
         text_encoder.requires_grad_(cfg.trains_text)
     else:
         if tokenizer is None:
-            tokenizer = save_vocabulary(SCENE_WORDS, folder / "tokenizer", cfg.max_length)
+            tokenizer = save_vocabulary(VOCABULARY[cfg.world], folder / "tokenizer", cfg.max_length)
         text_encoder = new_text_encoder(tokenizer, cfg.text_width, cfg.text_layers, cfg.heads, 4 * cfg.text_width)
     unet = UNet(sample_size=cfg.size, channels=tuple(cfg.channels), cross_attention=tuple(cfg.cross_attention),
                 self_attention=tuple(cfg.self_attention), context_dim=text_encoder.config.hidden_size,
@@ -406,9 +446,11 @@ def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
         load_weights(module, tensors, prefix, folder / "checkpoint.safetensors")
         module.requires_grad_(False).eval()
     unet.to(memory_format=torch.channels_last)  # as in training: faster on CPU, and the same sums
-    return ScenePipeline(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer,
+    pipe = ScenePipeline(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer,
                          scheduler=make_scheduler(scheduler, noise_scheduler(cfg.prediction_type,
                                                                             cfg.zero_terminal_snr).config))
+    pipe.world = cfg.world  # as load_pipeline reads it from a pipeline folder
+    return pipe
 
 
 def training_data(cfg: TrainConfig) -> SceneDataset | None:
@@ -421,11 +463,15 @@ def training_data(cfg: TrainConfig) -> SceneDataset | None:
 
 
 def fresh_scenes(seed: int, step: int, batch_size: int, size: int, single_share: float = 0.4,
-                 colourless_share: float = 0.2, and_order: str = "any") -> list:
-    """`batch_size` new scenes (images, captions, masks) drawn from (seed, step): cheap (a few ms per scene) and
-    never repeated, and a resumed run draws exactly the batches it would have."""
-    sampler = SceneSampler(seed=(seed, step), height=size, width=size, split="train", p_single=single_share,
-                           p_colourless=colourless_share, and_order=and_order)
+                 colourless_share: float = 0.2, and_order: str = "any", world: str = "scenes-32") -> list:
+    """`batch_size` new scenes (images, captions, masks) of `world`'s training split, drawn from (seed, step): cheap
+    (about a millisecond per scene) and never repeated, and a resumed run draws exactly the batches it would have."""
+    if world == "scenes-64":
+        sampler = Scenes64Sampler(seed=(seed, step), split="train", size=size, p_one_group=single_share,
+                                  p_colourless=colourless_share, and_order=and_order)
+    else:
+        sampler = SceneSampler(seed=(seed, step), height=size, width=size, split="train", p_single=single_share,
+                               p_colourless=colourless_share, and_order=and_order)
     return [sampler() for _ in range(batch_size)]
 
 
@@ -437,7 +483,7 @@ def training_batch(cfg: TrainConfig, tokenizer, step: int, part: slice = slice(N
     scenes = None
     if dataset is None:
         scenes = fresh_scenes(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share, cfg.colourless_share,
-                              cfg.and_order)
+                              cfg.and_order, cfg.world)
         images, captions = scenes_to_tensor(scenes), [s.caption for s in scenes]
     else:
         n = len(dataset)
@@ -610,7 +656,7 @@ class Trainer:
         context = context.float()  # the loss terms below sum in float32
         with record_function("attention losses"):
             if self.cfg.key_separation_weight:
-                pairs = colour_pairs(captions, self.tokenizer)
+                pairs = colour_pairs(captions, self.tokenizer, COLOUR_WORDS[self.cfg.world])
                 loss = loss + self.cfg.key_separation_weight * key_separation_loss(
                     self.accelerator.unwrap_model(self.unet), context, pairs, self.cfg.key_margin)
             if masks is None:
@@ -810,6 +856,9 @@ class Trainer:
         into a partial folder and renamed into place (replacing an older one) only when complete."""
         if self.dataset is not None:
             captions = self.dataset.captions
+        elif self.cfg.world == "scenes-64":
+            sampler = Scenes64Sampler(self.cfg.seed, "train")  # descriptions only: no scene is drawn
+            captions = [sampler.description().text() for _ in range(2000)]
         else:
             sampler = SceneSampler(self.cfg.seed, 8, 8)  # tiny scenes: only their captions are needed
             captions = [sampler().caption for _ in range(2000)]

@@ -51,6 +51,11 @@ HELD_OUT_COLOR_SHAPES = (("orange", "circle"), ("cyan", "square"), ("purple", "t
                          ("blue", "star"), ("yellow", "cross"))
 HELD_OUT_COUNT_SHAPES = ((2, "star"), (3, "circle"), (4, "triangle"))
 WORD_KINDS = ("count", "size", "color", "shape")  # the words that name objects, as map scoring groups them
+# The longest caption the world writes: two groups of four words joined by the longest relation. Each word is one
+# token of the world's vocabulary, so a tokenizer needs its words plus the start and end tokens; a shorter
+# max_length would train on captions cut before their second group's shape
+LONGEST_CAPTION = "two small green triangles to the right of two big orange crosses"
+CAPTION_TOKENS = len(LONGEST_CAPTION.split()) + 2
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from ..folders import (
 )
 from ..pipeline import MAX_SEED, check_seed
 from ..signals import Interrupted, interrupted, sigterm_as_interrupt
-from .checks import check_guidance, check_model_settings, check_prompt, check_settings
+from .checks import add_model_argument, check_guidance, check_model_settings, check_prompt, check_settings
 from .memory import available_memory, memory_estimate
 
-__all__ = ["MAX_SEED", "PARTIAL", "Interrupted", "UsageError", "available_memory", "check_guidance",
-           "check_model_settings", "check_out_dir", "check_prompt", "check_seed", "check_settings", "claim_folder",
-           "interrupted", "memory_estimate", "partial_folder", "publish", "publish_files", "remove_stale_partials",
-           "shorten", "sigterm_as_interrupt", "usage_error"]
+__all__ = ["MAX_SEED", "PARTIAL", "Interrupted", "UsageError", "add_model_argument", "available_memory",
+           "check_guidance", "check_model_settings", "check_out_dir", "check_prompt", "check_seed", "check_settings",
+           "claim_folder", "interrupted", "memory_estimate", "partial_folder", "publish", "publish_files",
+           "remove_stale_partials", "shorten", "sigterm_as_interrupt", "usage_error"]

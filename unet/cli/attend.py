@@ -34,6 +34,7 @@ from ..pipeline import PRETRAINED, Settings, load_pipeline
 from ..run_folder import attend_name, map_store, run_maps, write_run_files
 from . import (
     UsageError,
+    add_model_argument,
     check_out_dir,
     check_prompt,
     check_seed,
@@ -77,8 +78,7 @@ def parse_args(argv=None):
                                  "channel composited on black")
     p.add_argument("prompt", help="the prompt whose words' attention to record, in quotes")
     p.add_argument("--out", default="outputs", help="parent folder for the result (default outputs/)")
-    p.add_argument("--model", default=None, help="pipeline folder: ours or a Stable Diffusion 1.x/2.x folder "
-                                                 "(default: the shipped model)")
+    add_model_argument(p, "pipeline folder: ours or a Stable Diffusion 1.x/2.x folder")
     p.add_argument("--timestep", type=int, default=ATTEND_TIMESTEP,
                    help=f"noise level to denoise from, 0 .. the scheduler's training timesteps - 1 (default "
                         f"{ATTEND_TIMESTEP}, chosen by measurement: docs/guides/maps.md)")

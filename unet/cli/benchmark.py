@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from unet.cli import UsageError, usage_error
+from unet.cli import UsageError, add_model_argument, usage_error
 from unet.eval.benchmark import run_benchmark
 from unet.pipeline import load_pipeline, model_label
 
@@ -59,7 +59,7 @@ def table(r: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
+    add_model_argument(p)
     p.add_argument("--out", default=None, help="folder for bench.json and bench.md (default: outputs/bench/<date>)")
     p.add_argument("--quick", action="store_true", help="fewer repeats and steps, no SD-sized block")
     p.add_argument("--device", default=None, help="torch device (default cpu)")

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..live import build_live
 from ..live_browser import chromium_or_reason, close, open_live, page_generate, serve
-from . import UsageError, usage_error
+from . import UsageError, add_model_argument, usage_error
 
 FIRST_EXAMPLE = "a red circle left of a blue square"  # the README's first example
 TARGET_SECONDS, TARGET_BYTES = 2.0, 30e6
@@ -32,7 +32,7 @@ def parse_args(argv=None):
                                 "and count its download.")
     p.add_argument("--build", default=None, help="a build of scripts/build_live.py (default: build --model into a "
                                                  "temporary folder)")
-    p.add_argument("--model", default=None, help="pipeline folder to build when no --build (default: the shipped one)")
+    add_model_argument(p, "pipeline folder to build when no --build")
     p.add_argument("--prompt", default=FIRST_EXAMPLE)
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--runs", type=int, default=5, help="timed generations after one warm-up (default 5)")

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 from ..live import build_live, build_size
-from . import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
+from . import UsageError, add_model_argument, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="build_live.py", description="Build the live page (a static folder) for a "
                                 "pipeline folder: ONNX models, the page, and its npm packages' browser files.")
-    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
+    add_model_argument(p)
     p.add_argument("--out", required=True, help="the folder to write (refused if it exists, unless --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing build")
     return p.parse_args(argv)

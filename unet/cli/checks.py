@@ -7,7 +7,8 @@ import re
 from crossattn.errors import UsageError, check_number, shorten
 from crossattn.text import dropped_words, prompt_words
 
-from ..pipeline import Settings, check_seed, default_size, size_multiple
+from ..pipeline import PRETRAINED, Settings, check_seed, default_size, shipped_models, size_multiple
+from ..world import prompt_warnings
 from .memory import available_memory, memory_estimate
 
 # beyond this the guided noise estimate leaves the range the model was trained on and the image saturates to black
@@ -19,6 +20,13 @@ def check_guidance(guidance: float | None, flag: str = "--guidance") -> None:
     """UsageError unless the guidance scale is None (the model's own) or in `GUIDANCE_RANGE`."""
     if guidance is not None:
         check_number(flag, guidance, *GUIDANCE_RANGE, " (<= 1 turns guidance off)")
+
+
+def add_model_argument(parser, what: str = "pipeline folder") -> None:
+    """--model, as every command takes it: `what` (a folder), or a shipped model's name. The name is looked up where
+    the model loads (`unet.pipeline.model_folder`), so a name not shipped is refused there, in one line."""
+    parser.add_argument("--model", default=None, help=f"{what}, or the name of a shipped model: "
+                                                      f"{', '.join(shipped_models())} (default: {PRETRAINED.name})")
 
 
 def check_prompt_text(prompt: str) -> None:
@@ -67,12 +75,20 @@ def check_prompt(pipe, prompt: str, settings: Settings, words: list[str] | None)
     if missing:
         raise UsageError(f"--words {shorten(repr(missing), 200)} not in the prompt; its words are: "
                          f"{shorten(repr(prompt_list), 200)}")
-    notes = []
-    unseen = unseen_words(pipe, prompt_list)
-    if unseen:
-        notes.append(f"the model never saw these words in training: {unseen}; their maps show what an "
-                     "untrained embedding attracts")
-    return notes
+    return world_warnings(pipe, prompt, prompt_list)
+
+
+def world_warnings(pipe, prompt: str, words: list[str]) -> list[str]:
+    """Warnings for what the model's world does not hold, by the pipeline's world (`pipe.world`): for scenes-64,
+    `world.prompt_warnings` (unknown words beside the words the world knows, counts above four); for scenes-32 (and
+    a folder that lists its training words), the prompt's `words` no training caption used."""
+    if pipe.world == "scenes-64":
+        return prompt_warnings(prompt)
+    unseen = unseen_words(pipe, words)
+    if not unseen:
+        return []
+    return [f"the model never saw these words in training: {unseen}; their maps show what an untrained embedding "
+            "attracts"]
 
 
 def check_settings(settings: Settings) -> None:

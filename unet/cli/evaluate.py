@@ -20,6 +20,7 @@ from crossattn.text import dropped_words
 from unet.cli import (
     MAX_SEED,
     UsageError,
+    add_model_argument,
     check_guidance,
     check_out_dir,
     interrupted,
@@ -37,8 +38,10 @@ from unet.eval.evaluate import (
     relation_word_similarity,
     run_evaluation,
 )
+from unet.eval.evaluate64 import run_evaluation64
 from unet.eval.layout import COMBOS, POSITION_PAIRS, key_separation, layout_prompt, layout_response
 from unet.eval.prompts import PAIRED_AXES, TASKS, eval_prompts
+from unet.eval.prompts64 import eval_prompts64
 from unet.eval.report import (
     and_order_markdown,
     check_readme,
@@ -48,6 +51,7 @@ from unet.eval.report import (
     refresh_readme,
     relations_markdown,
     write,
+    write64,
 )
 from unet.folders import WRITE_ERRORS, write_failed
 from unet.pipeline import SCHEDULERS, default_guidance, load_pipeline, model_label
@@ -56,9 +60,7 @@ from unet.train import run_pipeline
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None,
-                   help="pipeline folder, or a training run folder (its checkpoint's EMA weights, any text side) "
-                        "(default: the shipped model)")
+    add_model_argument(p, "pipeline folder, or a training run folder (its checkpoint's EMA weights, any text side)")
     p.add_argument("--out", default=None, help="report folder (default: outputs/eval/<date>, or <date>-2 ... if taken)")
     p.add_argument("--overwrite", action="store_true", help="replace the report already in --out")
     p.add_argument("--seeds", type=int, default=None, help="images per prompt (default 8, quick 2)")
@@ -145,12 +147,21 @@ def check_args(args) -> None:
 
 
 def check_model_args(pipe, args) -> None:
-    """What needs the model: steps and the dataset timestep within the scheduler's training timesteps, and a
-    tokenizer long enough for every prompt the evaluation samples (a cut prompt would be judged on words the
-    model never saw)."""
-    prompts = [p.prompt for p in eval_prompts()] + [p.prompt for axis in PAIRED_AXES for p in paired_prompts(axis)]
-    prompts += [layout_prompt(template, combo, word) for first, second, _, template in POSITION_PAIRS
-                for combo in COMBOS for word in (first, second)]
+    """What needs the model: steps and the dataset timestep within the scheduler's training timesteps, a tokenizer
+    long enough for every prompt the evaluation samples (a cut prompt would be judged on words the model never
+    saw), and for a model of world scenes-64 (`pipe.world`), only the measurement that has its prompts."""
+    if pipe.world == "scenes-64":
+        scenes_32_only = (("--relations-only", args.relations_only), ("--fresh-seeds", args.fresh_seeds is not None),
+                          ("--control", args.control is not None), ("--readme", args.readme is not None))
+        for flag, given in scenes_32_only:
+            if given:
+                raise UsageError(f"{flag} measures scenes-32's prompts; {model_label(args.model)} is a model of world "
+                                 "scenes-64, which takes the full evaluation of its own world (leave out the flag)")
+        prompts = [p.prompt for p in eval_prompts64()]
+    else:
+        prompts = [p.prompt for p in eval_prompts()] + [p.prompt for axis in PAIRED_AXES for p in paired_prompts(axis)]
+        prompts += [layout_prompt(template, combo, word) for first, second, _, template in POSITION_PAIRS
+                    for combo in COMBOS for word in (first, second)]
     for prompt in dict.fromkeys(prompts):
         dropped = dropped_words(pipe.tokenizer, prompt)
         if dropped:
@@ -194,7 +205,8 @@ def main(argv=None) -> int:
         torch.manual_seed(0)
         try:
             main_of = (relations_main if args.relations_only else
-                       fresh_seeds_main if args.fresh_seeds is not None else evaluation_main)
+                       fresh_seeds_main if args.fresh_seeds is not None else
+                       evaluation64_main if pipe.world == "scenes-64" else evaluation_main)
             return (main_of if args.control is None else control_main)(pipe, args)
         except WRITE_ERRORS as e:
             return write_failed(e, "the report")
@@ -228,6 +240,25 @@ def evaluation_main(pipe, args) -> int:
     pf = report["prompt_following"]
     print(f"prompt following overall {pf['overall']:.3f}; shape-word mIoU {report['maps']['shape_words']['miou']:.3f}"
           f", pointing {report['maps']['shape_words']['pointing']:.3f}")
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
+def evaluation64_main(pipe, args) -> int:
+    """The evaluation of a model of world scenes-64 (`run_evaluation64`: seven tasks with held-out prompts apart, the
+    maps of count, size, colour and shape words), as report.json and report.md. --quick: fewer seeds and dataset
+    images, every prompt."""
+    report = run_evaluation64(pipe, seeds=args.seeds, steps=args.steps, guidance=args.guidance,
+                              dataset_images=args.dataset_images, dataset_timestep=args.dataset_timestep)
+    report["model"], report["world"] = model_label(args.model), "scenes-64"
+    report["settings"]["scheduler"] = args.scheduler
+    report["settings"].update(guided_at(pipe))
+    report["date"] = datetime.date.today().isoformat()
+    title = f"Evaluation of {report['model']}, world scenes-64 ({report['date']})"
+    out = publish_report(args, lambda folder: write64(report, folder, title))
+    pf, shapes = report["prompt_following"], report["maps"]["shape_words"]
+    print(f"prompt following overall {fmt(pf['overall'])} (held-out prompts {fmt(pf['held_out']['overall'])}); "
+          f"shape-word mIoU {fmt(shapes['miou'])}, pointing {fmt(shapes['pointing'])}")
     print(f"report: {out / 'report.md'}")
     return 0
 

@@ -23,6 +23,7 @@ from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
 from unet.cli import (
     UsageError,
+    add_model_argument,
     check_out_dir,
     check_seed,
     interrupted,
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
                    help=f"heads: how each (layer, head) map is read (default {DEFAULT_MAP_KIND}): plain, refined "
                         "through self-attention, or DAAM's per-head bicubic step")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
+    add_model_argument(p)
     p.add_argument("--out", default="outputs/explain")
     p.add_argument("--truncate", action="store_true", help="accept a prompt longer than the tokenizer allows")
     args = p.parse_args(argv)

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 from ..onnx_export import export_onnx, load_exportable
-from . import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
+from . import UsageError, add_model_argument, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="export_onnx.py", description="Export a pipeline folder's text encoder and "
                                 "U-Net to ONNX, the U-Net's cross-attention probabilities as extra outputs.")
-    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
+    add_model_argument(p)
     p.add_argument("--out", required=True, help="folder to write (refused if it exists, unless --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="write into an existing folder, replacing its files")
     return p.parse_args(argv)

@@ -34,6 +34,7 @@ from ..pipeline import PRETRAINED, SCHEDULERS, ScenePipeline, Settings, default_
 from ..run_folder import map_store, run_maps, run_name, write_run_files
 from . import (
     UsageError,
+    add_model_argument,
     check_model_settings,
     check_out_dir,
     check_prompt,
@@ -112,8 +113,7 @@ def parse_args(argv=None):
     p.add_argument("--height", type=int, default=None, help="image height (default: the model's size)")
     p.add_argument("--width", type=int, default=None, help="image width (default: the model's size)")
     p.add_argument("--words", nargs="+", default=None, help="only these words in the overlays (default: all)")
-    p.add_argument("--model", default=None, help="pipeline folder: ours or a Stable Diffusion folder "
-                                                 "(default: the shipped model)")
+    add_model_argument(p, "pipeline folder: ours or a Stable Diffusion folder")
     p.add_argument("--scheduler", default="ddim", choices=list(SCHEDULERS), help="sampler (default ddim)")
     p.add_argument("--normalize", default="raw", choices=NORMALIZATIONS, help="map normalisation (default raw: "
                    "each pixel's share of attention on the word)")

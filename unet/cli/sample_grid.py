@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from crossattn.overlay import to_uint8
-from unet.cli import UsageError, check_guidance, usage_error
+from unet.cli import UsageError, add_model_argument, check_guidance, usage_error
 from unet.folders import write_failed
 from unet.pipeline import load_pipeline
 from unet.train import TrainConfig
@@ -23,7 +23,7 @@ from unet.train import TrainConfig
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompts", nargs="*", help="prompts (default: the eight training sample prompts)")
-    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
+    add_model_argument(p)
     p.add_argument("--seeds", type=int, default=4, help="rows (default 4)")
     p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's own)")
     p.add_argument("--steps", type=int, default=25)

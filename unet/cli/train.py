@@ -45,6 +45,8 @@ HELP = {  # the settings whose name alone does not say enough; every other one s
     "and_order": "where an \"and\" caption puts its first object: 'any' side of the second, or 'reading': left "
                  "of or above it, so \"a circle and a square\" reads left to right or top to bottom "
                  "(default: {default})",
+    "world": "the synthetic world the scenes come from: 'scenes-32' (4 colours, 3 shapes, one or two objects) or "
+             "'scenes-64' (8 colours, 6 shapes, 2 sizes, counts 1-4; docs/guides/scenes-64.md) (default: {default})",
     "steps": "step to train to (default: {default}; with --resume or --grow-from, the run's own)",
     "data_workers": "draw the fresh scenes of the coming steps in N worker processes while the model trains: the "
                     "same batches, so the same run. Worth it on a GPU, where drawing scenes in the loop leaves it "
@@ -355,6 +357,9 @@ def _main(args) -> int:
         if args.make_data is not None:
             if args.num_samples <= 0:
                 raise ValueError("--make-data needs --num-samples N > 0")
+            if args.world != "scenes-32":
+                raise ValueError(f"--make-data writes scenes-32's scenes only, not {args.world}'s: a scenes-64 run "
+                                 "draws fresh scenes every batch")
             check_out_dir(args.make_data, "--make-data")
             with hold_folder(args.make_data, "--make-data"):  # written in place: one writer at a time
                 return make_data(args)

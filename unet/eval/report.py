@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from crossattn.overlay import ALPHA, CMAP
 
+from ..world import WORD_KINDS
 from .map_scoring import BASELINES, READOUTS, method_maps
 from .prompts import TASKS
 from .scaling import fmt
@@ -280,4 +281,40 @@ def write(report: dict, records, batches, selection, folder: Path, title: str) -
     (folder / "maps.md").write_text(maps_markdown(report) + "\n")  # the model card's maps tables, as they are
     bar_chart(report, folder / "tasks.png")
     examples(records, batches, selection, folder / "examples.png")
+    return folder
+
+
+def markdown64(report: dict, title: str) -> str:
+    """The report of a scenes-64 model (`run_evaluation64`): each task over all, seen and held-out prompts, where the
+    "and" prompts put their first object, each word kind's map accuracy, and how numerals' maps spread."""
+    pf, s = report["prompt_following"], report["settings"]
+    lines = [f"# {title}", "",
+             f"{s['prompts']} prompts × {s['seeds']} seeds, {s['steps']} {s.get('scheduler', 'ddim').upper()} steps, "
+             f"{guidance_words(s)}. The maps' threshold is chosen on {s['selection_seeds']} other seeds per prompt.",
+             "", "## Prompt following (GenEval rules, the scenes-64 detector)", "",
+             "| task | all prompts | seen | held out | images |", "|---|---|---|---|---|"]
+    lines += [f"| {t} | {fmt(pf[t])} | {fmt(pf['seen'][t]['score'])} | {fmt(pf['held_out'][t]['score'])} | "
+              f"{pf['n_images'][t]} |" for t in s["tasks"]]
+    lines += [f"| **overall** (mean of tasks) | **{fmt(pf['overall'])}** | {fmt(pf['seen']['overall'])} | "
+              f"{fmt(pf['held_out']['overall'])} | {sum(pf['n_images'].values())} |", "", *and_order_markdown(pf)]
+    dataset = f"dataset images denoised one step from t={report['maps_dataset']['timestep']} (exact masks)"
+    for key, images in (("maps", "generated images (masks from the detector)"), ("maps_dataset", dataset)):
+        maps = report[key]
+        lines += [f"## Map accuracy on {images}", "", f"Threshold {maps['threshold']} of each map's maximum.", "",
+                  "| words | mIoU | pointing | mass | maps |", "|---|---|---|---|---|"]
+        lines += [f"| {kind} | {fmt(m['miou'])} | {fmt(m['pointing'])} | {fmt(m['mass'])} | {m['n']} |"
+                  for kind in WORD_KINDS for m in [maps[f"{kind}_words"]]]
+        lines += ["", "Numerals' maps over their objects (target: mass >= 0.8 and every object >= 1/(2N)):", "",
+                  "| count | maps | mass | smallest share | evenness | meets target |", "|---|---|---|---|---|---|"]
+        lines += [f"| {count} | {v['n']} | {fmt(v['mass'])} | {fmt(v['min_share'])} | {fmt(v['evenness'])} | "
+                  f"{fmt(v['meets_target'])} |" for count, v in maps["numerals"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write64(report: dict, folder: Path, title: str) -> Path:
+    """A scenes-64 evaluation's report.json and report.md in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps(report, indent=1))
+    (folder / "report.md").write_text(markdown64(report, title))
     return folder

@@ -52,6 +52,7 @@ from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
 from unet.cli import (
     UsageError,
+    add_model_argument,
     check_guidance,
     check_out_dir,
     interrupted,
@@ -500,7 +501,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects", "text-routes",
                                      "self-attention-wall"])
-    p.add_argument("--model", default=None, help="pipeline folder (default: the shipped model)")
+    add_model_argument(p)
     p.add_argument("--out", required=True, help="folder for <what>.json")
     p.add_argument("--overwrite", action="store_true", help="replace a <what>.json (and misses.png) already in --out")
     p.add_argument("--seeds", type=int, default=None, help="seeds per prompt (default 4; two-objects: 24, the "

@@ -1,0 +1,202 @@
+"""Training in the scenes-64 world through the one-command path: `train.py --recipe` with `world = "scenes-64"` draws
+the world's scenes, builds its vocabulary and grounds every word on the objects it names; its pipeline knows its
+world, so evaluate.py runs the world's own evaluation and generate/attend warn with the world's words. Models are
+found by name (`--model scenes-32`) or by folder."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_bad_input import one_line_error
+
+from crossattn.text import prompt_words
+from unet import checkpoint
+from unet.cli import attend as attend_script
+from unet.cli import evaluate as evaluate_script
+from unet.cli import generate as generate_script
+from unet.cli import train as train_script
+from unet.data import scenes_to_tensor, to_model_range
+from unet.pipeline import PRETRAINED, load_pipeline, model_folder, model_label
+from unet.recipe_file import read_recipe
+from unet.train import TrainConfig, build_components, fresh_scenes, training_batch
+from unet.world import CAPTION_TOKENS, LONGEST_CAPTION, NUMERALS, known_words, parse_caption
+
+TINY_64 = Path(__file__).resolve().parent / "data" / "tiny-recipe-64.toml"
+
+
+@pytest.fixture(scope="session")
+def tiny64_run(tmp_path_factory) -> Path:
+    """A tiny scenes-64 run folder trained from nothing by the one command (4 steps), with its pipeline."""
+    run = tmp_path_factory.mktemp("tiny64") / "run"
+    assert train_script.main(["--recipe", str(TINY_64), "--out", str(run), "--quiet"]) == 0
+    return run
+
+
+@pytest.fixture
+def tiny64_config(tmp_path) -> TrainConfig:
+    _, values = read_recipe(TINY_64)
+    return TrainConfig(**values, out=str(tmp_path / "run"))
+
+
+def test_a_tiny_64_recipe_trains_from_nothing_and_its_pipeline_samples(tiny64_run):
+    saved = json.loads((tiny64_run / "train_config.json").read_text())
+    assert saved["world"] == "scenes-64" and saved["size"] == 16 and saved["steps"] == 4
+    _, resolved = read_recipe(tiny64_run / "pipeline" / "recipe.resolved.toml")
+    assert resolved["world"] == "scenes-64"
+    assert json.loads(json.dumps(dataclasses.asdict(TrainConfig(**{**resolved, "out": saved["out"]})))) == saved
+    # the words of its captions, the world's (scenes-32 has no "diamonds" or "orange")
+    trained = set(json.loads((tiny64_run / "pipeline" / "trained_words.json").read_text()))
+    assert {"diamonds", "orange", "small", "four"} <= trained <= set(known_words())
+    pipe = load_pipeline(tiny64_run / "pipeline", show_progress=False)
+    assert pipe.world == "scenes-64"
+    words = prompt_words(pipe.tokenizer, LONGEST_CAPTION)
+    assert [w.text for w in words] == LONGEST_CAPTION.split() and all(len(w.tokens) == 1 for w in words)
+    images = pipe(["three green diamonds", LONGEST_CAPTION], num_inference_steps=2, output_type="np",
+                  generator=torch.Generator().manual_seed(0), show_progress=False).images
+    assert images.shape == (2, 16, 16, 3) and (images >= 0).all() and (images <= 1).all()
+
+
+def test_a_resumed_64_run_ends_on_the_same_weights(tiny64_run, tmp_path):
+    """Stopped half-way and resumed, a scenes-64 run draws the same batches and ends bit for bit where the straight
+    run did."""
+    again = tmp_path / "again"
+    assert train_script.main(["--recipe", str(TINY_64), "--out", str(again), "--steps", "2", "--quiet"]) == 0
+    assert train_script.main(["--out", str(again), "--resume", "--steps", "4", "--quiet"]) == 0
+    a, _ = checkpoint.load(tiny64_run / "checkpoint.safetensors")
+    b, _ = checkpoint.load(again / "checkpoint.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])][:3]
+
+
+def test_grounding_masks_cover_exactly_the_objects_each_word_names(tiny64_config, tmp_path):
+    """Every token of a count, size, colour or shape word gets the union of the masks of the objects it names (a
+    numeral: all of its group's), every other token zeros; the batch's images are the drawn scenes'."""
+    cfg = dataclasses.replace(tiny64_config, batch_size=24, caption_dropout=0.0)
+    tokenizer, _, _ = build_components(cfg, tmp_path)
+    step = 3
+    images, captions, masks = training_batch(cfg, tokenizer, step)
+    scenes = fresh_scenes(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share, cfg.colourless_share,
+                          cfg.and_order, cfg.world)
+    assert torch.equal(images, to_model_range(scenes_to_tensor(scenes))) and captions == [s.caption for s in scenes]
+    assert masks.shape == (24, cfg.max_length, 16, 16)
+    numerals = 0
+    for b, scene in enumerate(scenes):
+        named = torch.zeros(cfg.max_length, dtype=torch.bool)
+        for word in prompt_words(tokenizer, scene.caption):
+            objects = scene.word_objects.get(word.index, ())
+            union = torch.zeros(16, 16, dtype=torch.bool)
+            for k in objects:
+                union |= torch.from_numpy(scene.objects[k].mask)
+            for position in word.tokens:
+                assert torch.equal(masks[b, position], union.float()), (scene.caption, word.text)
+                named[position] = bool(objects)
+            if word.text in NUMERALS:  # as many objects as it says, all of them covered
+                assert len(objects) == NUMERALS[word.text] and union.sum() == sum(
+                    scene.objects[k].mask.sum() for k in objects), scene.caption
+                numerals += len(objects) > 1
+        assert not masks[b, ~named].any()  # relation and position words, start, end and padding: nothing
+    assert numerals > 0  # the batch had numerals of several objects to check
+
+
+def test_the_same_step_draws_the_same_batch(tiny64_config, tmp_path):
+    tokenizer, _, _ = build_components(tiny64_config, tmp_path)
+    first, again, other = (training_batch(tiny64_config, tokenizer, step) for step in (5, 5, 6))
+    assert first[1] == again[1] and torch.equal(first[0], again[0]) and torch.equal(first[2], again[2])
+    assert first[1] != other[1]
+    assert all(parse_caption(c) for c in first[1] if c)  # the world's captions, not scenes-32's
+
+
+def test_the_scenes_64_recipe_has_every_lesson_of_scenes_32():
+    """The recipe differs from scenes-32's only in its world, its size and U-Net, its captions' length, its run's
+    length and its sample prompts."""
+    cfg = TrainConfig(**read_recipe("scenes-64")[1])
+    cfg.validate()
+    base = TrainConfig(**read_recipe("scenes-32")[1])
+    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(cfg, f.name) != getattr(base, f.name)}
+    assert changed <= {"world", "size", "channels", "cross_attention", "self_attention", "max_length", "steps",
+                       "decay_start", "decay_steps", "sample_prompts"}
+    assert cfg.world == "scenes-64" and cfg.size == 64 and len(cfg.channels) == 4
+    assert cfg.decay_start + cfg.decay_steps == cfg.steps  # the cooldown ends the run, as scenes-32's
+    assert all(parse_caption(p) for p in cfg.sample_prompts)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world", "scenes-99"], "world must be one of 'scenes-32', 'scenes-64', got 'scenes-99'"),
+    (["--max-length", str(CAPTION_TOKENS - 1)], f"give at least {CAPTION_TOKENS}"),
+    (["--num-samples", "64"], "--num-samples is for world scenes-32 only"),
+    (["--layout-every", "10"], "--layout-every is for world scenes-32 only"),
+])
+def test_a_bad_world_setting_is_one_line_at_the_door(tmp_path, capsys, args, message):
+    run = tmp_path / "run"
+    one_line_error(capsys, train_script.main(["--recipe", str(TINY_64), "--out", str(run), *args]), message)
+    assert not run.exists()
+
+
+def test_a_bad_world_in_a_recipe_and_make_data_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[data]\nworld = "scenes-128"\n')
+    one_line_error(capsys, train_script.main(["--recipe", str(bad), "--out", str(tmp_path / "run")]),
+                   "world must be one of 'scenes-32', 'scenes-64', got 'scenes-128'")
+    one_line_error(capsys, train_script.main(["--make-data", str(tmp_path / "data"), "--num-samples", "8",
+                                              "--world", "scenes-64"]), "--make-data writes scenes-32's scenes only")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
+
+
+def test_models_by_name_and_by_folder(tiny64_run, tmp_path, capsys):
+    """`--model scenes-32` is the shipped folder; a folder path works as before; a name not shipped is one line
+    naming the shipped ones, and for scenes-64 the command that trains it."""
+    assert model_folder("scenes-32") == PRETRAINED and model_folder(None) == PRETRAINED
+    assert model_label("scenes-32") == model_label(None)
+    assert model_folder(str(tiny64_run / "pipeline")) == tiny64_run / "pipeline"
+    out = tmp_path / "out"
+    assert generate_script.main(["a red circle", "--model", "scenes-32", "--steps", "1", "--out", str(out),
+                                 "--quiet"]) == 0
+    (folder,) = out.iterdir()
+    assert json.loads((folder / "meta.json").read_text())["model"] == "scenes-32"
+    capsys.readouterr()
+    line = one_line_error(capsys, generate_script.main(["a red circle", "--model", "scenes-64", "--out",
+                                                        str(tmp_path / "o2")]), "scenes-64 is not trained yet")
+    assert "python scripts/train.py --recipe scenes-64" in line and "the shipped models are scenes-32" in line
+    line = one_line_error(capsys, evaluate_script.main(["--model", "scenes-99", "--out", str(tmp_path / "o3")]),
+                          "model folder scenes-99 does not exist; the shipped models are scenes-32")
+    assert "path of a pipeline folder" in line and "not trained yet" not in line
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+
+
+def test_generate_and_attend_warn_with_the_world_of_the_model(tiny64_run, tiny_pipeline_dir, tmp_path, capsys):
+    pipeline = str(tiny64_run / "pipeline")
+    out = tmp_path / "out"
+    assert generate_script.main(["a red dog", "five circles", "--model", pipeline, "--steps", "1", "--out", str(out),
+                                 "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: unknown words ['dog']: this world knows the colours red, orange" in err
+    assert "warning: counts above four ['five']" in err
+    image = next(out.glob("a-red-dog*")) / "image_0.png"
+    assert attend_script.main([str(image), "a small red dog", "--model", pipeline, "--out", str(tmp_path / "attend"),
+                               "--quiet"]) == 0
+    assert "note: unknown words ['dog']" in capsys.readouterr().err
+    # a scenes-32 model still warns with the words its captions used
+    assert generate_script.main(["a red dog", "--model", str(tiny_pipeline_dir), "--steps", "1", "--out",
+                                 str(tmp_path / "out32"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "never saw these words in training: ['dog']" in err and "this world knows" not in err
+
+
+def test_evaluate_runs_the_world_evaluation_on_a_64_model(tiny64_run, tmp_path, capsys):
+    out = tmp_path / "eval"
+    assert evaluate_script.main(["--model", str(tiny64_run / "pipeline"), "--seeds", "1", "--steps", "1",
+                                 "--dataset-images", "2", "--out", str(out), "--quiet"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["world"] == "scenes-64" and report["settings"]["prompts"] == 189
+    pf = report["prompt_following"]
+    assert set(pf["held_out"]) >= {"counting", "size_attr", "overall"} and 0 <= pf["overall"] <= 1
+    assert report["maps_dataset"]["images"] == 2 and "numerals" in report["maps"]
+    markdown = (out / "report.md").read_text()
+    assert "| counting |" in markdown and "| size |" in markdown and "held out" in markdown
+    assert "report: " in capsys.readouterr().out
+    one_line_error(capsys, evaluate_script.main(["--model", str(tiny64_run / "pipeline"), "--relations-only",
+                                                 "--out", str(tmp_path / "rel"), "--quiet"]),
+                   "--relations-only measures scenes-32's prompts")
+    assert not (tmp_path / "rel").exists()
