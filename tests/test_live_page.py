@@ -81,7 +81,7 @@ def test_build_holds_the_page_model_and_runtime_and_overwrite_replaces_it(tiny_b
                      "model/text_encoder.onnx", "model/tokenizer/tokenizer.json",
                      "model/tokenizer/tokenizer_config.json", "model/unet.onnx", "vendor/ort-wasm-simd-threaded.mjs",
                      "vendor/ort-wasm-simd-threaded.wasm", "vendor/ort.wasm.min.mjs", "vendor/tokenizers.LICENSE",
-                     "vendor/tokenizers.min.mjs"]
+                     "vendor/tokenizers.min.mjs", "warnings.js"]
     page = (tiny_build / "index.html").read_text()
     # nothing from the network (the one address is the from-disk message's hint to serve the folder locally)
     assert re.findall(r"https?://(?!localhost:8000/)", page) == [] and "{{" not in page
@@ -142,6 +142,51 @@ console.log(JSON.stringify({{timesteps, steps}}));
         out = scheduler.step(pred, t, x)
         for expected, got in ((out.prev_sample, prev), (out.pred_original_sample, x0)):  # float32 rounding apart
             assert np.abs(expected.numpy() - got).max() <= 1e-5 * max(1, float(expected.abs().max())), int(t)
+
+
+# --- the page's prompt warnings against the CLI's, in node
+
+WARNED_PROMPTS = ["two small cyan triangles and a big orange circle", "a red dog next to a circle", "five red circles",
+                  "7 stars", "three circles and two squares", "a \u00b2 circle", "A Red Circle, Please!",
+                  "the circle's edge", 'a "quoted" star\'s', "back\\slash four stars", "twelve", "  spaced   out  ",
+                  "a purple circle"]
+
+
+@pytest.mark.parametrize("world", ["scenes-32", "scenes-64"])
+def test_page_warnings_match_the_clis(tmp_path, world):
+    """web/warnings.js on the words live.json carries gives, prompt by prompt, the CLI's warnings (`world_warnings`):
+    for scenes-64 the world's (unknown words, counts above four, too many objects), for scenes-32 the words its
+    training captions never used."""
+    from types import SimpleNamespace
+
+    from unet.cli.checks import world_warnings
+    from unet.onnx_export import warning_words
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    pipe = SimpleNamespace(world=world, trained_words=None if world == "scenes-64" else
+                           load_pipeline(show_progress=False).trained_words)
+    live = warning_words(pipe)
+    expected = [world_warnings(pipe, prompt, prompt.split()) for prompt in WARNED_PROMPTS]
+    (tmp_path / "live.json").write_text(json.dumps(live))
+    (tmp_path / "prompts.json").write_text(json.dumps(WARNED_PROMPTS))
+    script = f"""
+import {{ promptWarnings }} from {json.dumps((WEB / "warnings.js").as_uri())};
+import fs from "fs";
+const live = JSON.parse(fs.readFileSync({json.dumps(str(tmp_path / "live.json"))}));
+const prompts = JSON.parse(fs.readFileSync({json.dumps(str(tmp_path / "prompts.json"))}));
+console.log(JSON.stringify(prompts.map((p) => promptWarnings(p, p.split(/\\s+/).filter((w) => w), live))));
+"""
+    (tmp_path / "check.mjs").write_text(script)
+    done = subprocess.run([node, str(tmp_path / "check.mjs")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    for prompt, want, have in zip(WARNED_PROMPTS, expected, got):
+        assert have == want, prompt
+    assert sum(map(bool, got)) >= 5  # most of these prompts warn in both worlds
+    if world == "scenes-64":
+        said = " ".join(w for ws in got for w in ws)  # each kind of warning is among them
+        assert "unknown words" in said and "counts above four" in said and "asks for 5 objects" in said
 
 
 # --- in headless Chromium

@@ -178,6 +178,8 @@ def test_unknown_words_and_counts_above_four_are_warned_about():
     assert "['five']" in warning and "one to four" in warning
     (warning,) = prompt_warnings("7 stars")
     assert "['7']" in warning
+    (warning,) = prompt_warnings("a ² circle")  # a digit to str.isdigit(), not to int(): an unknown word
+    assert "unknown words ['²']" in warning
     (warning,) = prompt_warnings("three circles and two squares")
     assert "asks for 5 objects" in warning
 

@@ -54,17 +54,18 @@ class ControlPlan:
     cross_replace_steps: float = 0.8
     self_replace_steps: float = 0.4
     local_blend: bool = False
+    shape_words: tuple[str, ...] = SHAPES  # the model's world's (`pipeline.shape_words`): what --excite takes
 
     def controlled_prompt(self, prompt: str) -> str:
         return self.edit if self.edit is not None else prompt
 
     def subjects(self, words: list[str]) -> list[str]:
-        return self.excite or object_words(words)
+        return self.excite or object_words(words, self.shape_words)
 
 
-def object_words(prompt_word_texts: list[str]) -> list[str]:
-    """The prompt's object words: the shapes of this project's scenes, in order, once each."""
-    return list(dict.fromkeys(w for w in prompt_word_texts if w in SHAPES))
+def object_words(prompt_word_texts: list[str], shapes: tuple[str, ...] = SHAPES) -> list[str]:
+    """The prompt's object words: its words among `shapes` (a world's shape words), in order, once each."""
+    return list(dict.fromkeys(w for w in prompt_word_texts if w in shapes))
 
 
 def build_controller(pipe, plan: ControlPlan, prompt: str, recording=None) -> Controller:

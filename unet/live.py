@@ -3,8 +3,8 @@
     python scripts/build_live.py --out live            # the shipped model; then: python -m http.server -d live
 
 `build_live(model, out)` writes `out/` whole (into a hidden partial folder, renamed into place at the end):
-- index.html, live.js, ddim.js: the page (sources in web/); one viewer with the run pages: the run viewer's
-  <style> and its drawing code (crossattn/templates/viewer_core.js) are copied into index.html;
+- index.html, live.js, ddim.js, warnings.js: the page (sources in web/); one viewer with the run pages: the run
+  viewer's <style> and its drawing code (crossattn/templates/viewer_core.js) are copied into index.html;
 - model/: what `unet.onnx_export.export_onnx` writes (ONNX text encoder and U-Net, configs, tokenizer);
 - vendor/: the browser files of the npm packages pinned in web/package-lock.json (onnxruntime-web's
   WebAssembly build, tokenizers.js), copied from web/node_modules, which `npm ci` fills when it is missing
@@ -26,7 +26,7 @@ from .folders import partial_folder, publish
 from .onnx_export import export_onnx, load_exportable
 
 WEB = Path(__file__).resolve().parents[1] / "web"  # page sources and package.json (a repository checkout)
-PAGE_FILES = ("live.js", "ddim.js")  # copied as they are; index.html gets the viewer's style and code inlined
+PAGE_FILES = ("live.js", "ddim.js", "warnings.js")  # copied as they are; index.html gets the viewer's style and code inlined
 # (npm package, file in the package, name in vendor/): only what the page loads, so the download stays small
 VENDOR = (
     ("onnxruntime-web", "dist/ort.wasm.min.mjs", "ort.wasm.min.mjs"),  # the WebAssembly backend alone

@@ -11,7 +11,7 @@ What `export_onnx(folder, out)` writes into `out`:
   overrides), so the page steps with the values Python samples with;
 - tokenizer/tokenizer.json + tokenizer_config.json: the tokenizer, for tokenizers.js;
 - live.json: what else the page needs (layers and their shapes, token ids, the model's guidance settings,
-  the trained words for the unknown-word warning).
+  the trained words for scenes-32's unknown-word warning, the world's words for scenes-64's warnings).
 
 Batch is dynamic (1 image, or 2 for guidance's [uncond, cond]); the token axis is fixed at the tokenizer's
 model_max_length, since prompts are always padded to it (as `ScenePipeline.encode_prompt` does).
@@ -31,6 +31,7 @@ from crossattn.capture import layer_hw
 from crossattn.errors import UsageError
 
 from .pipeline import ScenePipeline, load_pipeline, model_folder, model_label
+from .world import COUNTS_ABOVE, MAX_OBJECTS, NUMBER_WORDS, NUMERALS, WORLD_KNOWS, known_words
 
 OPSET = 17  # onnxruntime-web 1.31 runs it; the legacy exporter's best-tested opset
 FORMAT = 1  # live.json's layout; the page refuses another
@@ -126,6 +127,17 @@ def load_exportable(model: str | Path | None):
     return pipe
 
 
+def warning_words(pipe) -> dict:
+    """What the page's prompt warnings read (web/warnings.js), as the CLI's (`world_warnings`): a scenes-64 model
+    warns as unet/world.py `prompt_warnings` does, from the world's words; any other from its trained words."""
+    world_words = None
+    if pipe.world == "scenes-64":
+        world_words = {"known": known_words(), "counts_above": list(COUNTS_ABOVE), "numerals": NUMERALS,
+                       "max_objects": MAX_OBJECTS, "max_count_word": NUMBER_WORDS[MAX_OBJECTS], "knows": WORLD_KNOWS}
+    return {"trained_words": sorted(pipe.trained_words) if pipe.trained_words is not None else None,
+            "world": pipe.world, "world_words": world_words}
+
+
 def export_onnx(model: str | Path | None, out: Path, pipe=None) -> dict:
     """Export pipeline folder `model` (None: the shipped one) into folder `out` (created; files in it replaced).
     `pipe`: that folder already loaded by `load_exportable`. Returns live.json's contents. UsageError (one line)
@@ -171,7 +183,7 @@ def export_onnx(model: str | Path | None, out: Path, pipe=None) -> dict:
         "guidance_scale": float(pipe.config.guidance_scale),
         "guidance_min_t": pipe.config.get("guidance_min_t", 0), "guidance_max_t": pipe.config.get("guidance_max_t"),
         "guidance_rescale": float(pipe.config.get("guidance_rescale", 0.0)),
-        "trained_words": sorted(pipe.trained_words) if pipe.trained_words is not None else None,
+        **warning_words(pipe),
         "layers": layers,
     }
     (out / "live.json").write_text(json.dumps(live, indent=2) + "\n")

@@ -22,7 +22,10 @@ from crossattn.errors import UsageError, shorten  # noqa: F401 -- UsageError: ol
 from crossattn.overlay import to_uint8
 
 from .checkpoint import check_finite
+from .data import SHAPES as SHAPES_32
 from .signals import raise_swallowed
+from .world import PLURALS
+from .world import SHAPES as SHAPES_64
 
 SD_GUIDANCE = 7.5  # diffusers' Stable Diffusion pipelines' default scale
 
@@ -83,6 +86,15 @@ TRAINED_WORDS = "trained_words.json"
 # scenes-64 (unet/world.py, unet/scenes64.py). A pipeline folder's train_config.json names its world; one without a
 # name in it was trained before scenes-64 existed, in scenes-32.
 WORLDS = ("scenes-32", "scenes-64")
+# the words that name a shape in each world's prompts, the singular and (scenes-64 counts) the plural: the subjects
+# `--excite` takes by default and the word `explain` follows
+SHAPE_WORDS = {"scenes-32": SHAPES_32, "scenes-64": (*SHAPES_64, *PLURALS.values())}
+
+
+def shape_words(pipe) -> tuple[str, ...]:
+    """The shape words of `pipe`'s world (`SHAPE_WORDS`); scenes-32's for a pipeline of no world of ours (a Stable
+    Diffusion folder), as before worlds had names."""
+    return SHAPE_WORDS[getattr(pipe, "world", None) or "scenes-32"]
 
 
 def shipped_models() -> list[str]:

@@ -226,24 +226,29 @@ def known_words() -> list[str]:
     return sorted(words)
 
 
+# What a warning about unknown words says the world holds (the live page shows the same: unet/onnx_export.py)
+WORLD_KNOWS = (f"this world knows the colours {', '.join(COLORS)}; the shapes {', '.join(SHAPES)}; the sizes "
+               f"{', '.join(SIZES)}; the counts a/an, one to four; the relations {', '.join(RELATIONS)}, 'and', and "
+               "'on the left/right/top/bottom'")
+
+
 def prompt_warnings(prompt: str) -> list[str]:
     """Warnings for a prompt asking for what this world does not hold: words no caption uses (named, beside the
-    words the world knows) and counts above four, alone or in all. [] for a prompt the world can draw."""
+    words the world knows) and counts above four, alone or in all. [] for a prompt the world can draw. The live
+    page's copy (web/warnings.js) is tested against this one."""
     words = [re.sub(r"[^\w-]", "", w) for w in prompt.lower().split()]
     known = set(known_words())
     warnings = []
-    too_many = [w for w in words if w in COUNTS_ABOVE or (w.isdigit() and int(w) > MAX_OBJECTS)]
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+    too_many = [w for w in words if w in COUNTS_ABOVE or (re.fullmatch("[0-9]+", w) and int(w) > MAX_OBJECTS)]
     unknown = [w for w in words if w and w not in known and w not in too_many]
     if unknown:
-        warnings.append(f"unknown words {unknown}: this world knows the colours {', '.join(COLORS)}; the shapes "
-                        f"{', '.join(SHAPES)}; the sizes {', '.join(SIZES)}; the counts a/an, one to four; the "
-                        f"relations {', '.join(RELATIONS)}, 'and', and 'on the left/right/top/bottom'")
+        warnings.append(f"unknown words {unknown}: {WORLD_KNOWS}")
     if too_many:
         warnings.append(f"counts above {NUMBER_WORDS[MAX_OBJECTS]} {too_many}: this world draws one to "
                         f"{NUMBER_WORDS[MAX_OBJECTS]} objects of a kind and at most {MAX_OBJECTS} in an image")
     else:
-        total = sum(NUMERALS[w] for w in words if w in NUMERALS and w not in ("a", "an"))
-        total += sum(w in ("a", "an") for w in words)
+        total = sum(NUMERALS[w] for w in words if w in NUMERALS)  # "a" and "an" are one each
         if total > MAX_OBJECTS:
             warnings.append(f"the prompt asks for {total} objects: this world draws at most {MAX_OBJECTS} in an "
                             "image")

@@ -9,6 +9,7 @@
 import * as ort from "./vendor/ort.wasm.min.mjs";
 import { Tokenizer } from "./vendor/tokenizers.min.mjs";
 import { makeScheduler, roundHalfEven } from "./ddim.js";
+import { promptWarnings } from "./warnings.js";
 
 const $ = (id) => document.getElementById(id);
 const CORE = window.CrossattnViewerCore;  // shared with the run viewer
@@ -98,14 +99,7 @@ function checkPrompt(prompt) {
     throw new Error(`prompt is longer than the tokenizer's ${M.live.max_length} tokens; these words would be dropped: ` +
                     `${cut.join(" ")} (shorten it)`);
   }
-  const warnings = [];
-  const trained = M.live.trained_words && new Set(M.live.trained_words);
-  // Python's re.sub(r"\W", "", w.lower()): keep letters, digits and underscores
-  const unseen = trained ? words.map((w) => w.text).filter((w) => !trained.has(w.toLowerCase().replace(/[^\p{L}\p{N}_]/gu, ""))) : [];
-  if (unseen.length) {
-    warnings.push(`the model never saw these words in training: [${unseen.map((w) => `'${w}'`).join(", ")}]; ` +
-                  "their maps show what an untrained embedding attracts");
-  }
+  const warnings = promptWarnings(prompt, words.map((w) => w.text), M.live);
   return { words, ids, warnings };
 }
 

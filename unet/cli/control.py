@@ -8,8 +8,7 @@ from crossattn.errors import UsageError
 from crossattn.text import prompt_words
 
 from ..control import ControlPlan
-from ..data import SHAPES
-from ..pipeline import ScenePipeline
+from ..pipeline import ScenePipeline, shape_words
 
 
 def add_control_args(parser) -> None:
@@ -61,8 +60,8 @@ def plan_control(pipe, args) -> ControlPlan | None:
         raise UsageError(f"--reweight-steps {start:g} {end:g} is {'empty' if start == end else 'reversed'}: START "
                          "must be below END (shares of the run, e.g. 0 0.5)")
     excite = None if args.excite is None else list(dict.fromkeys(args.excite))
-    plan = ControlPlan(reweight_steps=(start, end), excite=excite, edit=args.edit,
-                       cross_replace_steps=cross, self_replace_steps=self_steps, local_blend=args.local_blend)
+    plan = ControlPlan(reweight_steps=(start, end), excite=excite, edit=args.edit, cross_replace_steps=cross,
+                       self_replace_steps=self_steps, local_blend=args.local_blend, shape_words=shape_words(pipe))
     try:
         if args.reweight is not None:
             plan.reweight = parse_weights(args.reweight)
@@ -72,7 +71,7 @@ def plan_control(pipe, args) -> ControlPlan | None:
             word_positions(target, list(plan.reweight), "--reweight")
             if plan.excite is not None and not plan.subjects(texts):
                 raise ValueError(f"--excite: {plan.controlled_prompt(prompt)!r} has no object word "
-                                 f"({', '.join(SHAPES)}); name the subjects, e.g. --excite {texts[-1]}")
+                                 f"({', '.join(plan.shape_words)}); name the subjects, e.g. --excite {texts[-1]}")
             word_positions(target, plan.excite or [], "--excite")
             if plan.edit is not None:
                 alignment = align_prompts(pipe.tokenizer, prompt, plan.edit)

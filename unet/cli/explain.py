@@ -34,9 +34,8 @@ from unet.cli import (
     usage_error,
 )
 from unet.cli.checks import check_prompt_length, check_prompt_text, unseen_words
-from unet.data import SHAPES
 from unet.folders import WRITE_ERRORS, write_failed
-from unet.pipeline import default_size, load_pipeline
+from unet.pipeline import default_size, load_pipeline, shape_words
 
 DEFAULT_PROMPT = "a red circle left of a blue square"
 
@@ -50,7 +49,7 @@ def check_inputs(args):
     pipe = load_pipeline(args.model, show_progress=False)
     check_prompt_length(pipe, args.prompt, args.truncate)
     words = [w.text for w in prompt_words(pipe.tokenizer, args.prompt)]
-    word = args.word or next((w for w in words if w in SHAPES), words[-1])
+    word = args.word or next((w for w in words if w in shape_words(pipe)), words[-1])
     if word not in words:
         raise UsageError(f"--word {shorten(repr(word))} is not in the prompt; its words are "
                          f"{shorten(repr(words), 200)}")
@@ -104,7 +103,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["text", "heads", "pixel"])
     p.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT)
-    p.add_argument("--word", default=None, help="the word to follow (default: the first shape word)")
+    p.add_argument("--word", default=None, help="the word to follow (default: the prompt's first shape word in the "
+                   "model's world: \"diamonds\" in \"three green diamonds\")")
     p.add_argument("--x", type=int, default=None, help="pixel column for 'pixel' (default: a quarter across)")
     p.add_argument("--y", type=int, default=None, help="pixel row for 'pixel' (default: half way down)")
     p.add_argument("--maps", default=DEFAULT_MAP_KIND, choices=MAP_KINDS,

@@ -534,6 +534,9 @@ def diagnose(args) -> int:
         raise UsageError(f"--out {args.out} already holds {args.what}.json; pass --overwrite to replace it, or "
                          "choose another folder")
     pipe = load_pipeline(args.model)
+    if pipe.world == "scenes-64":  # its prompts, colours and detector below are scenes-32's
+        raise UsageError(f"diagnose measures scenes-32's prompts with scenes-32's detector; {model_label(args.model)} "
+                         "is a model of world scenes-64 (its evaluation: scripts/evaluate.py --model ...)")
     colours = [c for c in COLORS for _ in SHAPES]
     prompts = [f"a {c} {s}" for c in COLORS for s in SHAPES]
     result = {"model": model_label(args.model), "prediction_type": pipe.scheduler.config.prediction_type}

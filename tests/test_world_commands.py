@@ -1,0 +1,67 @@
+"""The commands that take `--model` with a scenes-64 model: control and explain read its world's shape words (the
+plurals its counts use: "three green diamonds"), and the research tool built on scenes-32's prompts refuses it in one
+line. The scenes-32 model keeps its words."""
+
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+from test_bad_input import one_line_error
+
+from unet.cli import explain as explain_script
+from unet.cli import generate as generate_script
+from unet.cli import train as train_script
+from unet.control import object_words
+from unet.pipeline import SHAPE_WORDS, load_pipeline, shape_words
+from unet.research import diagnose as diagnose_script
+
+TINY_64 = Path(__file__).resolve().parent / "data" / "tiny-recipe-64.toml"
+
+
+@pytest.fixture(scope="module")
+def tiny64_pipeline_dir(tmp_path_factory) -> Path:
+    """The pipeline of a tiny scenes-64 run trained from nothing by the one command (4 steps)."""
+    run = tmp_path_factory.mktemp("tiny64") / "run"
+    assert train_script.main(["--recipe", str(TINY_64), "--out", str(run), "--quiet"]) == 0
+    return run / "pipeline"
+
+
+def test_each_world_has_its_shape_words(tiny64_pipeline_dir, tiny_pipeline):
+    assert shape_words(load_pipeline(tiny64_pipeline_dir, show_progress=False)) == SHAPE_WORDS["scenes-64"]
+    assert shape_words(tiny_pipeline) == SHAPE_WORDS["scenes-32"] == ("circle", "square", "triangle")
+    assert {"diamonds", "crosses", "star"} <= set(SHAPE_WORDS["scenes-64"])
+    words = "two small cyan triangles and a big orange circle".split()
+    assert object_words(words, SHAPE_WORDS["scenes-64"]) == ["triangles", "circle"]
+    assert object_words(words) == ["circle"]  # scenes-32's words know no plural
+
+
+def test_excite_takes_the_plural_shape_words_of_a_64_model(tiny64_pipeline_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = generate_script.main(["two purple circles right of a yellow star", "--excite", "--model",
+                               str(tiny64_pipeline_dir), "--out", str(out), "--steps", "2", "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    (folder,) = out.iterdir()
+    assert json.loads((folder / "meta.json").read_text())["control"]["excite"] == ["circles", "star"]
+    line = one_line_error(capsys, generate_script.main(["four pink", "--excite", "--model", str(tiny64_pipeline_dir),
+                                                        "--out", str(tmp_path / "o2"), "--quiet"]),
+                          "has no object word (circle, square, triangle, diamond, star, cross, circles")
+    assert not (tmp_path / "o2").exists(), line
+
+
+def test_explain_follows_the_first_shape_word_of_the_models_world(tiny64_pipeline_dir, tiny_pipeline_dir, tmp_path):
+    def followed(model, prompt):
+        args = Namespace(prompt=prompt, seed=0, out=str(tmp_path / "out"), model=str(model), truncate=False,
+                         word=None, what="heads", x=None, y=None)
+        return explain_script.check_inputs(args)[1]
+
+    assert followed(tiny64_pipeline_dir, "three green diamonds") == "diamonds"
+    assert followed(tiny64_pipeline_dir, "a small red star above a big blue square") == "star"
+    assert followed(tiny_pipeline_dir, "a red circle left of a blue square") == "circle"
+
+
+def test_diagnose_refuses_a_64_model(tiny64_pipeline_dir, tmp_path, capsys):
+    rc = diagnose_script.main(["words", "--model", str(tiny64_pipeline_dir), "--out", str(tmp_path / "d")])
+    err = capsys.readouterr().err  # after the loading bars, one error line
+    assert rc == 2 and "error: diagnose measures scenes-32's prompts" in err and "model of world scenes-64" in err
+    assert "Traceback" not in err and not list((tmp_path / "d").glob("*.json"))
