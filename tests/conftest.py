@@ -29,7 +29,7 @@ def tiny_config(out, **overrides):
                   heads=2, max_length=16, warmup=2, sample_every=1000, checkpoint_every=1000,
                   sample_prompts=["a red circle"])
     values.update(overrides)
-    return TrainConfig(**values)
+    return TrainConfig.from_flat(**values)
 
 
 def straight_and_resumed(tmp_path, **cfg):

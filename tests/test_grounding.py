@@ -118,14 +118,14 @@ def test_the_weights_are_collected_with_their_gradient_and_the_model_restored(pa
     trainer.noise_gen.set_state(noise)  # the same noise and t: the term alone tells the two apart
     plain = trainer.loss(images, captions)
     assert 0 < loss.item() - plain.item() <= 0.1  # 0.1 x a loss in (0, 1]
-    trainer.cfg.grounding_weight, trainer.cfg.pixel_grounding_weight = 0.0, 0.1
+    trainer.cfg.losses.grounding_weight, trainer.cfg.losses.pixel_grounding_weight = 0.0, 0.1
     trainer.noise_gen.set_state(noise)
     pixel = trainer.loss(images, captions, masks)
     with cross_attention_weights(trainer.unet) as weights:
         trainer.noise_gen.set_state(noise)
         trainer.loss(images, captions)
     assert pixel.item() - plain.item() == pytest.approx(0.1 * pixel_grounding_loss(weights, masks).item(), rel=1e-4)
-    trainer.cfg.pixel_grounding_weight, trainer.cfg.overlap_weight = 0.0, 0.1
+    trainer.cfg.losses.pixel_grounding_weight, trainer.cfg.losses.overlap_weight = 0.0, 0.1
     trainer.noise_gen.set_state(noise)
     overlap = trainer.loss(images, captions, masks)
     assert overlap.item() - plain.item() == pytest.approx(0.1 * object_overlap_loss(weights, masks).item(), rel=1e-4)
@@ -175,15 +175,15 @@ def test_a_run_with_grounding_resumes_exactly_and_old_configs_mean_none(tmp_path
     cfg = dict(steps=6, checkpoint_every=3, num_samples=0, grounding_weight=0.5, pixel_grounding_weight=0.2,
                overlap_weight=0.3)
     straight, resumed = straight_and_resumed(tmp_path, **cfg)
-    assert (resumed.cfg.grounding_weight, resumed.cfg.pixel_grounding_weight, resumed.cfg.overlap_weight) == (
-        0.5, 0.2, 0.3)
+    losses = resumed.cfg.losses
+    assert (losses.grounding_weight, losses.pixel_grounding_weight, losses.overlap_weight) == (0.5, 0.2, 0.3)
     assert all(torch.equal(p, q) for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()))
     saved = json.loads((tmp_path / "a" / "train_config.json").read_text())
     saved.pop("grounding_weight")
     saved.pop("pixel_grounding_weight")
     saved.pop("overlap_weight")
     old = resumed_config(TrainConfig(out=str(tmp_path)), saved)
-    assert old.grounding_weight == old.pixel_grounding_weight == old.overlap_weight == 0.0
+    assert old.losses.grounding_weight == old.losses.pixel_grounding_weight == old.losses.overlap_weight == 0.0
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -196,4 +196,4 @@ def test_a_run_with_grounding_resumes_exactly_and_old_configs_mean_none(tmp_path
 ])
 def test_bad_grounding_settings_are_refused_by_name(setting, message):
     with pytest.raises(ValueError, match=message.replace("-", r"\-")):
-        TrainConfig(**setting).validate()
+        TrainConfig.from_flat(**setting).validate()

@@ -37,7 +37,7 @@ def test_colour_pairs_find_two_different_colour_words_and_nothing_else(trainer):
 
 def test_the_term_is_the_squared_excess_over_the_margin_in_every_layer(trainer):
     pairs = torch.tensor([[0, 1, 2]])
-    context = torch.randn(1, 4, trainer.cfg.text_width, requires_grad=True)
+    context = torch.randn(1, 4, trainer.cfg.text.text_width, requires_grad=True)
     alike = context.detach().clone()
     alike[0, 2] = 2 * alike[0, 1]  # the same direction: every layer's Keys have cosine 1
     assert key_separation_loss(trainer.unet, alike, pairs, 0.3).item() == pytest.approx(0.49)
@@ -61,11 +61,11 @@ def test_training_with_the_term_pulls_the_colour_keys_apart(tmp_path):
 def test_a_run_with_the_term_resumes_exactly_and_old_configs_mean_none(tmp_path):
     cfg = dict(steps=6, checkpoint_every=3, key_separation_weight=0.5, key_margin=0.2)
     straight, resumed = straight_and_resumed(tmp_path, **cfg)
-    assert (resumed.cfg.key_separation_weight, resumed.cfg.key_margin) == (0.5, 0.2)
+    assert (resumed.cfg.losses.key_separation_weight, resumed.cfg.losses.key_margin) == (0.5, 0.2)
     assert all(torch.equal(p, q) for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()))
     saved = json.loads((tmp_path / "a" / "train_config.json").read_text())
     del saved["key_separation_weight"], saved["key_margin"]
-    assert resumed_config(TrainConfig(out=str(tmp_path)), saved).key_separation_weight == 0.0
+    assert resumed_config(TrainConfig(out=str(tmp_path)), saved).losses.key_separation_weight == 0.0
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -74,4 +74,4 @@ def test_a_run_with_the_term_resumes_exactly_and_old_configs_mean_none(tmp_path)
 ])
 def test_bad_key_separation_settings_are_refused_by_name(setting, message):
     with pytest.raises(ValueError, match=message.replace("--", r"\-\-")):
-        TrainConfig(**setting).validate()
+        TrainConfig.from_flat(**setting).validate()

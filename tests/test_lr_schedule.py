@@ -11,26 +11,30 @@ from unet.train import TrainConfig, Trainer
 
 
 def cooldown(**kw):
-    cfg = TrainConfig(lr=6e-4, min_lr=1e-4, warmup=10, lr_schedule="cooldown", decay_start=100, decay_steps=50,
-                      **kw)
+    cfg = TrainConfig.from_flat(lr=6e-4, min_lr=1e-4, warmup=10, lr_schedule="cooldown", decay_start=100,
+                                decay_steps=50, **kw)
     cfg.validate()
     return cfg
 
 
+def rate(step: int, cfg: TrainConfig) -> float:
+    return lr_at(step, cfg.optimizer, cfg.schedule)
+
+
 def test_cooldown_holds_then_falls_linearly_to_min_lr_and_stays_there():
     cfg = cooldown()
-    assert lr_at(5, cfg) == pytest.approx(6e-4 * 6 / 10)  # warm-up as before
-    assert lr_at(99, cfg) == lr_at(100, cfg) == pytest.approx(6e-4)
-    assert lr_at(125, cfg) == pytest.approx(3.5e-4)  # half way down
-    assert lr_at(150, cfg) == lr_at(10_000, cfg) == pytest.approx(1e-4)
-    rates = [lr_at(s, cfg) for s in range(100, 151)]
+    assert rate(5, cfg) == pytest.approx(6e-4 * 6 / 10)  # warm-up as before
+    assert rate(99, cfg) == rate(100, cfg) == pytest.approx(6e-4)
+    assert rate(125, cfg) == pytest.approx(3.5e-4)  # half way down
+    assert rate(150, cfg) == rate(10_000, cfg) == pytest.approx(1e-4)
+    rates = [rate(s, cfg) for s in range(100, 151)]
     assert all(a > b for a, b in zip(rates, rates[1:]))
 
 
 def test_cooldown_does_not_depend_on_the_run_length():
     """Extending a cooldown run (--resume --steps more) must not move its rate, as a cosine's would."""
     short, long = cooldown(steps=200), cooldown(steps=5000)
-    assert [lr_at(s, short) for s in range(0, 200, 7)] == [lr_at(s, long) for s in range(0, 200, 7)]
+    assert [rate(s, short) for s in range(0, 200, 7)] == [rate(s, long) for s in range(0, 200, 7)]
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -42,16 +46,17 @@ def test_cooldown_does_not_depend_on_the_run_length():
 ])
 def test_bad_schedules_are_refused_by_name(setting, message):
     with pytest.raises(ValueError, match=message.replace("-", r"\-")):
-        TrainConfig(**setting).validate()
+        TrainConfig.from_flat(**setting).validate()
 
 
 def test_a_cooldown_run_resumes_exactly(tmp_path):
     cfg = dict(steps=6, checkpoint_every=3, warmup=1, lr_schedule="cooldown", decay_start=2, decay_steps=3)
     straight, resumed = straight_and_resumed(tmp_path, **cfg)
-    assert (resumed.cfg.lr_schedule, resumed.cfg.decay_start, resumed.cfg.decay_steps) == ("cooldown", 2, 3)
+    schedule = resumed.cfg.schedule
+    assert (schedule.lr_schedule, schedule.decay_start, schedule.decay_steps) == ("cooldown", 2, 3)
     for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()):
         assert torch.equal(p, q)
-    assert [g["lr"] for g in resumed.optimizer.param_groups][0] == pytest.approx(lr_at(5, resumed.cfg))
+    assert [g["lr"] for g in resumed.optimizer.param_groups][0] == pytest.approx(rate(5, resumed.cfg))
 
 
 def test_grow_from_turns_a_constant_run_into_a_cooldown(tmp_path):
@@ -61,11 +66,14 @@ def test_grow_from_turns_a_constant_run_into_a_cooldown(tmp_path):
                                     "--lr-schedule", "cooldown", "--decay-start", "4", "--decay-steps", "4",
                                     "--min-lr", "1e-5"])
     cfg = train_script.training_config(args)
-    assert (cfg.lr_schedule, cfg.decay_start, cfg.decay_steps, cfg.min_lr) == ("cooldown", 4, 4, 1e-5)
-    assert cfg.lr == tiny_config(source).lr  # the peak stays the source's
+    schedule = cfg.schedule
+    assert (schedule.lr_schedule, schedule.decay_start, schedule.decay_steps) == ("cooldown", 4, 4)
+    assert schedule.min_lr == 1e-5
+    assert cfg.optimizer.lr == tiny_config(source).optimizer.lr  # the peak stays the source's
     cfg.validate()
     not_grown = train_script.training_config(train_script.parse_args(["--out", str(tmp_path / "plain")]))
-    assert (not_grown.lr_schedule, not_grown.min_lr, not_grown.decay_steps) == ("constant", 1e-4, 0)
+    schedule = not_grown.schedule
+    assert (schedule.lr_schedule, schedule.min_lr, schedule.decay_steps) == ("constant", 1e-4, 0)
 
 
 def test_schedule_flags_are_refused_where_they_would_be_ignored_or_start_part_way(tmp_path, capsys):
@@ -87,5 +95,5 @@ def test_schedule_flags_are_refused_where_they_would_be_ignored_or_start_part_wa
     args = train_script.parse_args(["--out", str(tmp_path / "again"), "--grow-from", str(cooled), "--steps", "8",
                                     "--lr-schedule", "constant"])
     cfg = train_script.training_config(args)
-    assert (cfg.lr_schedule, cfg.decay_start, cfg.decay_steps) == ("constant", 0, 0)
+    assert (cfg.schedule.lr_schedule, cfg.schedule.decay_start, cfg.schedule.decay_steps) == ("constant", 0, 0)
     cfg.validate()

@@ -55,7 +55,7 @@ def test_muon_fits_a_convolution():
 
 
 def test_the_unet_and_text_matrices_go_to_muon_and_the_pixel_layers_embeddings_and_norms_to_adamw(tmp_path):
-    cfg = TrainConfig(out=str(tmp_path), size=16, channels=(8, 16, 16), text_width=16, text_layers=1, heads=2,
+    cfg = TrainConfig.from_flat(out=str(tmp_path), size=16, channels=(8, 16, 16), text_width=16, text_layers=1, heads=2,
                       max_length=16, position_embedding=True, pooled_text=True, optimizer="muon")
     _, text_encoder, unet = build_components(cfg, tmp_path)
     params, optimizer, names = build_optimizer(unet, text_encoder, cfg)
@@ -71,6 +71,6 @@ def test_the_unet_and_text_matrices_go_to_muon_and_the_pixel_layers_embeddings_a
 
 def test_a_bad_optimizer_names_what_is_accepted(tmp_path):
     with pytest.raises(ValueError, match="optimizer must be one of 'adamw', 'muon', got 'sgd'"):
-        TrainConfig(out=str(tmp_path), optimizer="sgd").validate()
+        TrainConfig.from_flat(out=str(tmp_path), optimizer="sgd").validate()
     with pytest.raises(ValueError, match=r"muon_momentum must be in \[0, 1\)"):
-        TrainConfig(out=str(tmp_path), optimizer="muon", muon_momentum=1.0).validate()
+        TrainConfig.from_flat(out=str(tmp_path), optimizer="muon", muon_momentum=1.0).validate()

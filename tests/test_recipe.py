@@ -241,14 +241,15 @@ def test_saved_pipeline_keeps_vocab_and_merges(tiny_pipeline_dir):
 def test_single_share_sets_the_data_mix_and_old_runs_draw_the_same_batches():
     """--single-share 0 draws only pairs, 1 only single objects; the default is the mix every earlier run used."""
     from unet.data import SHAPES
-    from unet.train import TrainConfig, fresh_scenes
+    from unet.train import fresh_scenes
+    from unet.train_config import DataConfig
 
     def objects(caption):
         return sum(w in SHAPES for w in caption.split())
     pairs = [s.caption for s in fresh_scenes(0, 7, 64, 32, single_share=0.0)]
     singles = [s.caption for s in fresh_scenes(0, 7, 64, 32, single_share=1.0)]
     assert {objects(c) for c in pairs} == {2} and {objects(c) for c in singles} == {1}
-    old, new = fresh_scenes(0, 7, 16, 32), fresh_scenes(0, 7, 16, 32, single_share=TrainConfig().single_share)
+    old, new = fresh_scenes(0, 7, 16, 32), fresh_scenes(0, 7, 16, 32, single_share=DataConfig().single_share)
     assert all((a.image == b.image).all() and a.caption == b.caption for a, b in zip(old, new, strict=True))
 
 
@@ -258,6 +259,7 @@ def test_colourless_share_sets_which_pairs_name_no_colours_and_old_runs_draw_the
     rule."""
     from unet.data import COLORS, SHAPES
     from unet.train import TrainConfig, fresh_scenes
+    from unet.train_config import DataConfig
 
     def kinds(captions):  # (names a colour, two different shapes) per caption
         return {(any(w in COLORS for w in c.split()), len({w for w in c.split() if w in SHAPES}) == 2)
@@ -266,10 +268,10 @@ def test_colourless_share_sets_which_pairs_name_no_colours_and_old_runs_draw_the
     every = [s.caption for s in fresh_scenes(0, 7, 96, 32, single_share=0.0, colourless_share=1.0)]
     assert kinds(none) == {(True, True), (True, False)}
     assert kinds(every) == {(False, True), (True, False)}
-    old, new = fresh_scenes(0, 7, 64, 32), fresh_scenes(0, 7, 64, 32, colourless_share=TrainConfig().colourless_share)
+    old, new = fresh_scenes(0, 7, 64, 32), fresh_scenes(0, 7, 64, 32, colourless_share=DataConfig().colourless_share)
     assert all((a.image == b.image).all() and a.caption == b.caption for a, b in zip(old, new, strict=True))
     with pytest.raises(ValueError, match="colourless_share"):
-        TrainConfig(colourless_share=1.5).validate()
+        TrainConfig.from_flat(colourless_share=1.5).validate()
 
 
 def test_and_order_reading_puts_the_first_named_object_first_as_read_and_changes_nothing_else():
@@ -277,6 +279,7 @@ def test_and_order_reading_puts_the_first_named_object_first_as_read_and_changes
     right of or below it); every other scene, and every caption, is drawn exactly as before."""
     from unet.eval.prompts import first_as_read as centres_as_read
     from unet.train import TrainConfig, fresh_scenes
+    from unet.train_config import DataConfig
 
     def first_as_read(scene):  # the first object left of the second, or above it, along their wider gap
         return centres_as_read(*(o.center for o in scene.objects))
@@ -288,9 +291,9 @@ def test_and_order_reading_puts_the_first_named_object_first_as_read_and_changes
     assert not all(first_as_read(anyway[i]) for i in ands)
     assert [s.caption for s in anyway] == [s.caption for s in reading]
     assert all((anyway[i].image == reading[i].image).all() for i in range(len(anyway)) if i not in ands)
-    assert TrainConfig().and_order == "any"
+    assert DataConfig().and_order == "any"
     with pytest.raises(ValueError, match="and_order must be one of any, reading"):
-        TrainConfig(and_order="sideways").validate()
+        TrainConfig.from_flat(and_order="sideways").validate()
 
 
 def test_levers_table_and_curves_from_evaluation_reports(tmp_path):

@@ -1,7 +1,6 @@
 """Recipe files: one file holds every setting that makes a model; `train.py --recipe` trains it from nothing,
 keeps it in the run and pipeline folders, and refuses a bad one with one line naming the field."""
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -21,47 +20,50 @@ def test_every_setting_has_one_home():
     """Each TrainConfig field is in exactly one section, or is a setting of one call: a new field cannot be left
     out of the recipes by accident."""
     homes = [key for keys in SECTIONS.values() for key in keys] + list(CALL_ONLY)
-    assert sorted(homes) == sorted(f.name for f in dataclasses.fields(TrainConfig))
+    assert sorted(homes) == sorted(TrainConfig().flat())
 
 
 @pytest.mark.parametrize("name", ["scenes-32", "scenes-32-untaught"])
 def test_the_shipped_recipes_are_valid(name):
     assert name in known_recipes()
     path, values = read_recipe(name)
-    cfg = TrainConfig(**values)
+    cfg = TrainConfig.from_flat(**values)
     cfg.validate()
     assert path.name == f"{name}.toml"
     assert values["channels"] == (16, 64, 128)
 
 
 def test_untaught_differs_from_the_default_only_by_the_attention_terms():
-    taught, untaught = (TrainConfig(**read_recipe(name)[1]) for name in ("scenes-32", "scenes-32-untaught"))
-    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(taught, f.name) != getattr(untaught, f.name)}
+    taught, untaught = (TrainConfig.from_flat(**read_recipe(name)[1]) for name in ("scenes-32", "scenes-32-untaught"))
+    changed = {name for name, value in taught.flat().items() if value != untaught.flat()[name]}
     # the key term's margin is left out with the term: it reads nothing else
     assert changed == {"grounding_weight", "pixel_grounding_weight", "key_separation_weight", "key_margin"}
-    assert untaught.grounding_weight == untaught.pixel_grounding_weight == untaught.key_separation_weight == 0
+    losses = untaught.losses
+    assert losses.grounding_weight == losses.pixel_grounding_weight == losses.key_separation_weight == 0
 
 
 def test_the_quick_recipe_is_the_default_smaller_and_shorter():
     """scenes-32-quick keeps every lesson of scenes-32 (losses, data, diffusion, optimizer kind, precision) and
     changes only the model's size, the run's length, batch and rate, and how often it looks."""
-    quick, default = (TrainConfig(**read_recipe(name)[1]) for name in ("scenes-32-quick", "scenes-32"))
+    quick, default = (TrainConfig.from_flat(**read_recipe(name)[1]) for name in ("scenes-32-quick", "scenes-32"))
     quick.validate()
-    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(quick, f.name) != getattr(default, f.name)}
+    changed = {name for name, value in quick.flat().items() if value != default.flat()[name]}
     assert changed == {"channels", "text_width", "text_layers", "batch_size", "lr", "warmup", "steps", "decay_start",
                        "decay_steps", "sample_every", "checkpoint_every"}
-    assert quick.steps * quick.batch_size < default.steps * default.batch_size / 10
-    assert quick.decay_start + quick.decay_steps == quick.steps  # the cooldown ends the run, as the default's
+    images = [cfg.schedule.steps * cfg.optimizer.batch_size for cfg in (quick, default)]
+    assert images[0] < images[1] / 10
+    schedule = quick.schedule
+    assert schedule.decay_start + schedule.decay_steps == schedule.steps  # the cooldown ends the run, as the default's
 
 
 def test_a_resolved_recipe_reads_back_to_the_same_config(tmp_path):
     _, values = read_recipe("scenes-32")
-    cfg = dataclasses.replace(TrainConfig(**values), lr=1.25e-3, self_attention=(False, True, True), seed=7,
-                              sample_prompts=['a "quoted" circle'])
+    cfg = TrainConfig.from_flat(**values).replace(lr=1.25e-3, self_attention=(False, True, True), seed=7,
+                                                  sample_prompts=['a "quoted" circle'])
     path = tmp_path / "resolved.toml"
     path.write_text(dump_recipe(cfg, "a header\nof two lines"))
     _, again = read_recipe(path)
-    assert TrainConfig(**{**again, "out": cfg.out}) == cfg
+    assert TrainConfig.from_flat(**{**again, "out": cfg.out}) == cfg
 
 
 @pytest.mark.parametrize("text, message", [
@@ -111,7 +113,7 @@ def test_a_tiny_recipe_trains_from_nothing_and_keeps_its_recipe(tmp_path):
     for folder in (run, run / "pipeline"):
         assert (folder / "recipe.toml").read_text() == TINY.read_text()
         _, resolved = read_recipe(folder / "recipe.resolved.toml")
-        assert json.loads(json.dumps(dataclasses.asdict(TrainConfig(**{**resolved, "out": str(run)})))) == saved
+        assert json.loads(json.dumps(TrainConfig.from_flat(**{**resolved, "out": str(run)}).flat())) == saved
     assert json.loads((run / "pipeline" / "train_config.json").read_text()) == saved
 
 

@@ -149,7 +149,7 @@ def test_committed_parts_join_and_resume_where_the_run_stopped(tmp_path):
     assert checkpoint_parts.main(["join", str(parts), str(run / "checkpoint.safetensors")]) == 0
     rows = (parts / "loss.csv").read_text().splitlines()
     last = int(rows[-1].split(",")[0])
-    trainer = Trainer(TrainConfig(out=str(run), steps=last + 1, resume=True))
+    trainer = Trainer(TrainConfig.from_flat(out=str(run), steps=last + 1, resume=True))
     assert trainer.step == last == trainer.saved_step and len(rows) == last  # one log row per step, none missing
 
 

@@ -10,17 +10,18 @@ from conftest import straight_and_resumed, tiny_config
 from unet.cli import train as train_script
 from unet.recipe import sample_timesteps
 from unet.train import TrainConfig, Trainer, resumed_config
+from unet.train_config import DiffusionConfig
 
 
 def draws(mode, n=20000, **kw):
-    cfg = TrainConfig(timestep_sampling=mode, **kw)
+    cfg = TrainConfig.from_flat(timestep_sampling=mode, **kw)
     cfg.validate()
-    return sample_timesteps(cfg, n, 1000, torch.Generator().manual_seed(0))
+    return sample_timesteps(cfg.diffusion, n, 1000, torch.Generator().manual_seed(0))
 
 
 def test_uniform_draws_what_training_drew_before_the_option():
     old = torch.randint(0, 1000, (32,), generator=torch.Generator().manual_seed(3))
-    assert torch.equal(old, sample_timesteps(TrainConfig(), 32, 1000, torch.Generator().manual_seed(3)))
+    assert torch.equal(old, sample_timesteps(DiffusionConfig(), 32, 1000, torch.Generator().manual_seed(3)))
 
 
 def test_layout_share_puts_its_share_at_the_top_of_the_schedule():
@@ -48,7 +49,7 @@ def test_logit_normal_leans_toward_noise_with_a_positive_mean():
 ])
 def test_bad_timestep_settings_are_refused_by_name(setting, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("-", r"\-")):
-        TrainConfig(**setting).validate()
+        TrainConfig.from_flat(**setting).validate()
 
 
 def test_config_saves_and_an_old_config_means_uniform(tmp_path):
@@ -57,14 +58,14 @@ def test_config_saves_and_an_old_config_means_uniform(tmp_path):
     assert saved["timestep_sampling"] == "layout-share" and saved["layout_share"] == 0.3
     for key in ("timestep_sampling", "layout_share", "layout_fraction", "logit_mean", "logit_std"):
         saved.pop(key)
-    assert resumed_config(TrainConfig(out=str(tmp_path)), saved).timestep_sampling == "uniform"
+    assert resumed_config(TrainConfig(out=str(tmp_path)), saved).diffusion.timestep_sampling == "uniform"
 
 
 @pytest.mark.parametrize("mode", ["layout-share", "logit-normal"])
 def test_a_run_with_timestep_sampling_resumes_exactly(tmp_path, mode):
     cfg = dict(steps=6, checkpoint_every=3, timestep_sampling=mode)
     straight, resumed = straight_and_resumed(tmp_path, **cfg)
-    assert resumed.cfg.timestep_sampling == mode  # the saved config's sampling
+    assert resumed.cfg.diffusion.timestep_sampling == mode  # the saved config's sampling
     for p, q in zip(straight.ema.parameters(), resumed.ema.parameters()):
         assert torch.equal(p, q)
 
@@ -75,5 +76,6 @@ def test_grow_from_changes_the_timestep_sampling(tmp_path):
     args = train_script.parse_args(["--out", str(tmp_path / "grown"), "--grow-from", str(source), "--steps", "6",
                                     "--timestep-sampling", "layout-share", "--layout-share", "0.25"])
     cfg = train_script.training_config(args)
-    assert (cfg.timestep_sampling, cfg.layout_share, cfg.steps) == ("layout-share", 0.25, 6)
-    assert tuple(cfg.channels) == tiny_config(source).channels  # everything else as the source run has it
+    assert (cfg.diffusion.timestep_sampling, cfg.diffusion.layout_share) == ("layout-share", 0.25)
+    assert cfg.schedule.steps == 6
+    assert tuple(cfg.model.channels) == tiny_config(source).model.channels  # everything else as the source run has it

@@ -3,7 +3,6 @@ the world's scenes, builds its vocabulary and grounds every word on the objects 
 world, so evaluate.py runs the world's own evaluation and generate/attend warn with the world's words. Models are
 found by name (`--model scenes-32`) or by folder."""
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -37,7 +36,7 @@ def tiny64_run(tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny64_config(tmp_path) -> TrainConfig:
     _, values = read_recipe(TINY_64)
-    return TrainConfig(**values, out=str(tmp_path / "run"))
+    return TrainConfig.from_flat(**values, out=str(tmp_path / "run"))
 
 
 def test_a_tiny_64_recipe_trains_from_nothing_and_its_pipeline_samples(tiny64_run):
@@ -45,7 +44,7 @@ def test_a_tiny_64_recipe_trains_from_nothing_and_its_pipeline_samples(tiny64_ru
     assert saved["world"] == "scenes-64" and saved["size"] == 16 and saved["steps"] == 4
     _, resolved = read_recipe(tiny64_run / "pipeline" / "recipe.resolved.toml")
     assert resolved["world"] == "scenes-64"
-    assert json.loads(json.dumps(dataclasses.asdict(TrainConfig(**{**resolved, "out": saved["out"]})))) == saved
+    assert json.loads(json.dumps(TrainConfig.from_flat(**{**resolved, "out": saved["out"]}).flat())) == saved
     # the words of its captions, the world's (scenes-32 has no "diamonds" or "orange")
     trained = set(json.loads((tiny64_run / "pipeline" / "trained_words.json").read_text()))
     assert {"diamonds", "orange", "small", "four"} <= trained <= set(known_words())
@@ -73,17 +72,18 @@ def test_a_resumed_64_run_ends_on_the_same_weights(tiny64_run, tmp_path):
 def test_grounding_masks_cover_exactly_the_objects_each_word_names(tiny64_config, tmp_path):
     """Every token of a count, size, colour or shape word gets the union of the masks of the objects it names (a
     numeral: all of its group's), every other token zeros; the batch's images are the drawn scenes'."""
-    cfg = dataclasses.replace(tiny64_config, batch_size=24, caption_dropout=0.0)
+    cfg = tiny64_config.replace(batch_size=24, caption_dropout=0.0)
     tokenizer, _, _ = build_components(cfg, tmp_path)
     step = 3
     images, captions, masks = training_batch(cfg, tokenizer, step)
-    scenes = fresh_scenes(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share, cfg.colourless_share,
-                          cfg.and_order, cfg.world)
+    data = cfg.data
+    scenes = fresh_scenes(cfg.run.seed, step, cfg.optimizer.batch_size, cfg.model.size, data.single_share,
+                          data.colourless_share, data.and_order, data.world)
     assert torch.equal(images, to_model_range(scenes_to_tensor(scenes))) and captions == [s.caption for s in scenes]
-    assert masks.shape == (24, cfg.max_length, 16, 16)
+    assert masks.shape == (24, cfg.text.max_length, 16, 16)
     numerals = 0
     for b, scene in enumerate(scenes):
-        named = torch.zeros(cfg.max_length, dtype=torch.bool)
+        named = torch.zeros(cfg.text.max_length, dtype=torch.bool)
         for word in prompt_words(tokenizer, scene.caption):
             objects = scene.word_objects.get(word.index, ())
             union = torch.zeros(16, 16, dtype=torch.bool)
@@ -111,15 +111,16 @@ def test_the_same_step_draws_the_same_batch(tiny64_config, tmp_path):
 def test_the_scenes_64_recipe_has_every_lesson_of_scenes_32():
     """The recipe differs from scenes-32's only in its world, its size and U-Net, its captions' length, its run's
     length and its sample prompts."""
-    cfg = TrainConfig(**read_recipe("scenes-64")[1])
+    cfg = TrainConfig.from_flat(**read_recipe("scenes-64")[1])
     cfg.validate()
-    base = TrainConfig(**read_recipe("scenes-32")[1])
-    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(cfg, f.name) != getattr(base, f.name)}
+    base = TrainConfig.from_flat(**read_recipe("scenes-32")[1])
+    changed = {name for name, value in cfg.flat().items() if value != base.flat()[name]}
     assert changed <= {"world", "size", "channels", "cross_attention", "self_attention", "max_length", "steps",
                        "decay_start", "decay_steps", "sample_prompts"}
-    assert cfg.world == "scenes-64" and cfg.size == 64 and len(cfg.channels) == 4
-    assert cfg.decay_start + cfg.decay_steps == cfg.steps  # the cooldown ends the run, as scenes-32's
-    assert all(parse_caption(p) for p in cfg.sample_prompts)
+    assert cfg.data.world == "scenes-64" and cfg.model.size == 64 and len(cfg.model.channels) == 4
+    schedule = cfg.schedule
+    assert schedule.decay_start + schedule.decay_steps == schedule.steps  # the cooldown ends the run, as scenes-32's
+    assert all(parse_caption(p) for p in cfg.run.sample_prompts)
 
 
 @pytest.mark.parametrize("args, message", [

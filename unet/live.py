@@ -26,7 +26,8 @@ from .folders import partial_folder, publish
 from .onnx_export import export_onnx, load_exportable
 
 WEB = Path(__file__).resolve().parents[1] / "web"  # page sources and package.json (a repository checkout)
-PAGE_FILES = ("live.js", "ddim.js", "warnings.js")  # copied as they are; index.html gets the viewer's style and code inlined
+# copied as they are; index.html gets the viewer's style and code inlined
+PAGE_FILES = ("live.js", "ddim.js", "warnings.js")
 # (npm package, file in the package, name in vendor/): only what the page loads, so the download stays small
 VENDOR = (
     ("onnxruntime-web", "dist/ort.wasm.min.mjs", "ort.wasm.min.mjs"),  # the WebAssembly backend alone

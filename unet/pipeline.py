@@ -82,7 +82,7 @@ PRETRAINED = SHIPPED / "scenes-32"  # the default model
 # models this project names but does not ship yet, and the command that trains each
 NOT_YET_SHIPPED = {"scenes-64": "python scripts/train.py --recipe scenes-64 --out runs/scenes-64"}
 TRAINED_WORDS = "trained_words.json"
-# The synthetic worlds a model of this project is trained in (`TrainConfig.world`): scenes-32 (unet/data.py) and
+# The synthetic worlds a model of this project is trained in (`TrainConfig.data.world`): scenes-32 (unet/data.py) and
 # scenes-64 (unet/world.py, unet/scenes64.py). A pipeline folder's train_config.json names its world; one without a
 # name in it was trained before scenes-64 existed, in scenes-32.
 WORLDS = ("scenes-32", "scenes-64")

@@ -1,5 +1,6 @@
 """The training recipe: the noise schedule, where each image's t is drawn, the loss and its weight, the learning
-rate. The loop that runs it is unet/train.py; `cfg` below is its `TrainConfig`, which holds every value named here.
+rate. The loop that runs it is unet/train.py; the settings named here are groups of its `TrainConfig`
+(unet/train_config.py): `diffusion` (`DiffusionConfig`), `optimizer` and `schedule`.
 
 v-prediction on a schedule rescaled to zero terminal SNR (Lin et al. 2024), so t = T - 1 is pure noise and the
 model can still predict x0 there, where layout and colour are decided.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,9 @@ from crossattn.capture import layer_hw
 from crossattn.text import prompt_words
 
 from .data import COLORS
+
+if TYPE_CHECKING:  # train_config reads this module's LR_SCHEDULES and TIMESTEP_SAMPLING
+    from .train_config import DiffusionConfig, OptimizerConfig, ScheduleConfig
 
 TIMESTEP_SAMPLING = ("uniform", "layout-share", "logit-normal")
 LR_SCHEDULES = ("constant", "cosine", "cooldown")  # see lr_at
@@ -41,19 +46,20 @@ def loss_weight(snr: torch.Tensor, prediction_type: str, gamma: float) -> torch.
     return snr.clamp(max=gamma) / snr
 
 
-def sample_timesteps(cfg, batch_size: int, num_train_timesteps: int,
+def sample_timesteps(diffusion: DiffusionConfig, batch_size: int, num_train_timesteps: int,
                      generator: torch.Generator) -> torch.Tensor:
-    """The training timesteps (B,) int64 in [0, T), drawn from `generator` by `cfg.timestep_sampling`; t = T - 1 is
-    pure noise. "uniform" draws exactly what runs before this option drew, so old runs resume bit for bit."""
+    """The training timesteps (B,) int64 in [0, T), drawn from `generator` by `diffusion.timestep_sampling`;
+    t = T - 1 is pure noise. "uniform" draws exactly what runs before this option drew, so old runs resume bit for
+    bit."""
     T = num_train_timesteps
     t = torch.randint(0, T, (batch_size,), generator=generator)
-    if cfg.timestep_sampling == "layout-share":
-        low = T - max(1, round(cfg.layout_fraction * T))
+    if diffusion.timestep_sampling == "layout-share":
+        low = T - max(1, round(diffusion.layout_fraction * T))
         top = torch.randint(low, T, (batch_size,), generator=generator)
-        t = torch.where(torch.rand(batch_size, generator=generator) < cfg.layout_share, top, t)
-    elif cfg.timestep_sampling == "logit-normal":
-        u = compute_density_for_timestep_sampling("logit_normal", batch_size, logit_mean=cfg.logit_mean,
-                                                  logit_std=cfg.logit_std, generator=generator)
+        t = torch.where(torch.rand(batch_size, generator=generator) < diffusion.layout_share, top, t)
+    elif diffusion.timestep_sampling == "logit-normal":
+        u = compute_density_for_timestep_sampling("logit_normal", batch_size, logit_mean=diffusion.logit_mean,
+                                                  logit_std=diffusion.logit_std, generator=generator)
         t = (u * T).long().clamp(max=T - 1)
     return t
 
@@ -75,24 +81,26 @@ def diffusion_loss(unet, scheduler: DDPMScheduler, images: torch.Tensor, context
     return (weight * per_image).mean()
 
 
-def lr_at(step: int, cfg) -> float:
-    """Linear warm-up, then constant, cosine decay from lr to min_lr at cfg.steps, or a cooldown: constant, then
-    linearly to min_lr over cfg.decay_steps from cfg.decay_start, then min_lr.
+def lr_at(step: int, optimizer: OptimizerConfig, schedule: ScheduleConfig) -> float:
+    """Linear warm-up over `optimizer.warmup` steps to `optimizer.lr`, then constant, cosine decay from lr to min_lr
+    at `schedule.steps`, or a cooldown: constant, then linearly to min_lr over decay_steps from decay_start, then
+    min_lr.
 
     A cosine schedule depends on the run's length, so extending a run with --resume restarts it high:
     that warm restart was one cause of the colour collapse in longer training
     (docs/experiments/longer-training-colour-collapse.md). A cooldown does not: it is fixed in steps, so a long
     constant run can be grown into one at any step (warmup-stable-decay, Hägele et al. 2024, arXiv 2405.18392).
     """
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    if cfg.lr_schedule == "cooldown":
-        progress = min(1.0, max(0.0, (step - cfg.decay_start) / cfg.decay_steps))
-        return cfg.lr + (cfg.min_lr - cfg.lr) * progress
-    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+    lr, warmup, min_lr = optimizer.lr, optimizer.warmup, schedule.min_lr
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule.lr_schedule == "constant":
+        return lr
+    if schedule.lr_schedule == "cooldown":
+        progress = min(1.0, max(0.0, (step - schedule.decay_start) / schedule.decay_steps))
+        return lr + (min_lr - lr) * progress
+    progress = min(1.0, (step - warmup) / max(1, schedule.steps - warmup))
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
 def word_masks(scenes: list, captions: list[str], tokenizer) -> torch.Tensor:

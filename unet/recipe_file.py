@@ -3,9 +3,10 @@
     python scripts/train.py --recipe scenes-32 --out runs/X             # recipes/scenes-32.toml, from nothing
     python scripts/train.py --recipe my.toml --out runs/Y --lr 1e-3     # a flag overrides one field
 
-Each section holds `TrainConfig` fields (unet/train.py says what each does). A field a recipe leaves out keeps
-TrainConfig's default, which is the plain setting: no lesson on. What belongs to one call and not to the model
-(the folder, --resume, a time limit, data workers) is never in a recipe.
+Each section holds the fields of one group of `TrainConfig` (unet/train_config.py says what each does), by their
+flat names. A field a recipe leaves out keeps TrainConfig's default, which is the plain setting: no lesson on.
+What belongs to one call and not to the model (the folder, --resume, a time limit, data workers) is never in a
+recipe.
 
 A run trained from a recipe keeps it: the file as written (`recipe.toml`, with its comments saying why) and the
 resolved recipe, the file with the command line's overrides applied and every field spelt out
@@ -15,10 +16,11 @@ trains the same run again.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
+
+from .train_config import CALL_ONLY, GROUPS, TrainConfig, flat_names
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,23 +30,8 @@ else:  # pragma: no cover -- Python 3.10
 # the recipes that come with the project; `--recipe NAME` is RECIPES / f"{NAME}.toml"
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
-SECTIONS = {
-    "model": ("size", "channels", "cross_attention", "self_attention", "heads", "position_embedding",
-              "pooled_text"),
-    "text": ("text_width", "text_layers", "max_length", "clip", "text_lr", "text_variant", "side_hint_gain"),
-    "data": ("world", "single_share", "colourless_share", "and_order", "caption_dropout", "num_samples", "data"),
-    "diffusion": ("prediction_type", "zero_terminal_snr", "min_snr_gamma", "timestep_sampling", "layout_share",
-                  "layout_fraction", "logit_mean", "logit_std"),
-    "losses": ("grounding_weight", "pixel_grounding_weight", "overlap_weight", "key_separation_weight",
-               "key_margin"),
-    "optimizer": ("batch_size", "lr", "warmup", "weight_decay", "grad_clip", "precision", "optimizer",
-                  "muon_momentum"),
-    "schedule": ("steps", "lr_schedule", "min_lr", "decay_start", "decay_steps", "ema_decay"),
-    "run": ("seed", "sample_every", "checkpoint_every", "snapshot_every", "layout_every", "layout_seeds",
-            "sample_prompts"),
-}
-# settings of one call, never of a model: where it writes, whether it resumes, how long it may take, helpers
-CALL_ONLY = ("out", "resume", "max_minutes", "data_workers", "grown_from")
+# each section's keys: the flat names of the fields of its group in unet/train_config.py (their one home)
+SECTIONS = {section: tuple(flat_names(group)) for section, group in GROUPS.items()}
 TOP_LEVEL = ("description",)  # a line saying what the recipe makes
 
 
@@ -71,17 +58,14 @@ def recipe_path(recipe: str | Path) -> Path:
 
 
 def read_recipe(recipe: str | Path) -> tuple[Path, dict]:
-    """(the file, its TrainConfig fields): RecipeError naming the field for an unknown section or key, a value
-    of the wrong type, or a file that is not TOML."""
-    from .train import TrainConfig
-
+    """(the file, its settings by flat name, for `TrainConfig.from_flat`): RecipeError naming the field for an
+    unknown section or key, a value of the wrong type, or a file that is not TOML."""
     path = recipe_path(recipe)
     try:
         table = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise RecipeError(f"recipe {path}: not a readable TOML file: {e}") from e
-    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                for f in dataclasses.fields(TrainConfig)}
+    defaults = TrainConfig().flat()
     values = {}
     for section, entries in table.items():
         if section in TOP_LEVEL:
@@ -137,10 +121,10 @@ def _typed(path: Path, section: str, key: str, value, default):
 def dump_recipe(cfg, header: str = "") -> str:
     """`cfg` (a TrainConfig) as a recipe file with every field spelt out: read back by `read_recipe`, it gives
     the same config. Fields that are None (no CLIP folder, no dataset) are left out, as TOML has no null."""
-    lines = [f"# {line}" for line in header.splitlines()]
+    lines, values = [f"# {line}" for line in header.splitlines()], cfg.flat()
     for section, keys in SECTIONS.items():
         lines += ["", f"[{section}]"]
-        lines += [f"{key} = {_toml_value(getattr(cfg, key))}" for key in keys if getattr(cfg, key) is not None]
+        lines += [f"{key} = {_toml_value(values[key])}" for key in keys if values[key] is not None]
     return "\n".join(lines).lstrip("\n") + "\n"
 
 

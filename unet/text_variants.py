@@ -1,4 +1,4 @@
-"""Text sides the U-Net can train with (`TrainConfig.text_variant`): CLIP's causal encoder, as shipped, and the
+"""Text sides the U-Net can train with (`TextConfig.text_variant`): CLIP's causal encoder, as shipped, and the
 ablations that ask whether the text encoder or the image model limits relations and binding.
 
 - "clip": transformers' CLIPTextModel itself, causal as in Stable Diffusion (what ships).

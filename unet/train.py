@@ -14,14 +14,13 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import math
 import multiprocessing
 import os
 import shutil
 import signal
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,15 +31,13 @@ from tqdm.auto import tqdm
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
 from . import checkpoint
-from .data import COLORS, SCENE_WORDS, SceneDataset, SceneSampler, check_and_order, scenes_to_tensor, to_model_range
+from .data import COLORS, SCENE_WORDS, SceneDataset, SceneSampler, scenes_to_tensor, to_model_range
 from .folders import partial_folder, publish, remove_stale_temp_files
 from .growth import load_weights, remap_moments
 from .model import UNet
 from .muon import MuonAdamW, is_muon_matrix
-from .pipeline import WORLDS, ScenePipeline, check_seed, make_scheduler
+from .pipeline import ScenePipeline, make_scheduler
 from .recipe import (
-    LR_SCHEDULES,
-    TIMESTEP_SAMPLING,
     colour_pairs,
     cross_attention_weights,
     diffusion_loss,
@@ -56,16 +53,12 @@ from .recipe import (
 from .recipe_file import dump_recipe
 from .scenes64 import Scenes64Sampler
 from .signals import DeferredSignals
-from .text_variants import TEXT_VARIANTS, text_side
-from .world import CAPTION_TOKENS, IMAGE_SIZE, LONGEST_CAPTION, known_words
+from .text_variants import text_side
+from .train_config import TrainConfig
 from .world import COLORS as COLORS_64
+from .world import known_words
 
-# Training derives torch seeds from its seed (seed + step, seed * 100003 + epoch), and torch's must fit in
-# 64 bits: 32-bit seeds keep them in range for any run length (sampling takes all 64 bits: pipeline.MAX_SEED).
-TRAIN_MAX_SEED = 2 ** 32 - 1
-PRECISIONS = ("fp32", "bf16")
-OPTIMIZERS = ("adamw", "muon")
-# What each world's captions are made of (`TrainConfig.world`): the tokenizer's vocabulary (one token per word) and
+# What each world's captions are made of (`DataConfig.world`): the tokenizer's vocabulary (one token per word) and
 # the colour words whose Keys the key separation term keeps apart
 VOCABULARY = {"scenes-32": SCENE_WORDS, "scenes-64": known_words()}
 COLOUR_WORDS = {"scenes-32": tuple(COLORS), "scenes-64": tuple(COLORS_64)}
@@ -76,237 +69,6 @@ COLOUR_WORDS = {"scenes-32": tuple(COLORS), "scenes-64": tuple(COLORS_64)}
 RECIPE_FILES = ("recipe.toml", "recipe.resolved.toml", "train_config.json")
 RESOLVED_HEADER = ("The resolved recipe of this run: every setting it trained with, the command line's overrides\n"
                    "applied. `python scripts/train.py --recipe THIS_FILE --out NEW_FOLDER` trains it again.")
-
-
-@dataclass
-class TrainConfig:
-    """Every setting of a training run. The defaults are the plain setting, no lesson on: a base for tests and
-    studies, not a recipe. The models this project ships are made by recipe files (recipes/*.toml, read by
-    unet/recipe_file.py), which group these fields by what they configure."""
-    out: str = "runs/train"
-    data: str | None = None  # a folder from `--make-data`
-    num_samples: int = 0  # > 0: draw this many scenes once and repeat them; 0: fresh scenes every batch
-    # the synthetic world the scenes come from (`WORLDS`): "scenes-32" (unet/data.py: 4 colours, 3 shapes, one or two
-    # objects) or "scenes-64" (unet/scenes64.py: 8 colours, 6 shapes, 2 sizes, counts 1-4; fresh scenes only)
-    world: str = "scenes-32"
-    size: int = 32
-    steps: int = 3500
-    batch_size: int = 32
-    lr: float = 6e-4
-    lr_schedule: str = "constant"  # "constant" after warm-up (a resumed or extended run has no restart), "cosine"
-    # (to min_lr at `steps`) or "cooldown" (constant, then linearly to min_lr over decay_steps from decay_start)
-    min_lr: float = 1e-4  # end of the cosine and cooldown schedules
-    decay_start: int = 0  # cooldown only: the step the decay begins at
-    decay_steps: int = 0  # cooldown only: its length; then min_lr. Fixed in steps, so extending the run keeps it
-    warmup: int = 100
-    weight_decay: float = 0.01  # on weight matrices only: never on embeddings, norms or biases
-    grad_clip: float = 1.0
-    optimizer: str = "adamw"  # or "muon": Muon on the hidden weight matrices, AdamW on the rest (unet/muon.py)
-    muon_momentum: float = 0.95
-    # "bf16": the forward passes under bfloat16 autocast; weights, gradients, optimizer, EMA and every loss term stay
-    # float32. Faster on CPUs with bf16 instructions (0.78x the step on a 2-core AMD EPYC) and on GPUs
-    precision: str = "fp32"
-    ema_decay: float = 0.999  # reached after a warm-up of (1 + step) / (10 + step)
-    caption_dropout: float = 0.1  # empty captions teach the unconditional model for guidance
-    single_share: float = 0.4  # share of one-object scenes; the rest are pairs, 4 in 5 of them with a relation
-    # (scenes-64: the share of captions naming one group, `Scenes64Sampler`'s p_one_group)
-    # share of pairs of two different shapes captioned without colours ("a circle and a square"); the only pairs
-    # where shape words alone tell the two objects apart (same-shape pairs always name their colours)
-    # (scenes-64: the share of groups written without their colour word, p_colourless)
-    colourless_share: float = 0.2
-    and_order: str = "any"  # or "reading": "a circle and a square" puts the circle first as read (unet.data.AND_ORDERS)
-    prediction_type: str = "v_prediction"  # or "epsilon"; an epsilon model cannot predict x0 at zero SNR
-    zero_terminal_snr: bool = True  # rescale the schedule so t = T is pure noise, as sampling assumes
-    min_snr_gamma: float = 5.0  # weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0: none
-    # Which t each training image is noised to (`sample_timesteps`). Layout is decided only at the noisiest steps
-    # (below t ~ 900 the noisy image already shows where each object is), which uniform t visits 10 % of the time.
-    timestep_sampling: str = "uniform"  # or "layout-share" or "logit-normal"
-    layout_share: float = 0.5  # layout-share: this share of t is drawn from the top `layout_fraction` of the schedule
-    layout_fraction: float = 0.1  # the top tenth of 1000 steps: t in [900, 999]
-    logit_mean: float = 1.0  # logit-normal (SD3 section 3.1): t / T = sigmoid(N(mean, std)); mean > 0 leans to noise
-    logit_std: float = 1.0
-    text_variant: str = "clip"  # ablations only (unet/text_variants.py): "bidirectional", "oracle", "side-hints"
-    side_hint_gain: float = 1.0  # side-hints: the table's output is gain x its weights, so it learns gain x faster
-    snapshot_every: int = 0  # > 0: keep the EMA pipeline every so many steps in OUT/snapshots (for scaling curves)
-    layout_every: int = 0  # > 0: log the EMA model's layout response and paired test to OUT/layout.jsonl (seconds)
-    layout_seeds: int = 1  # seeds per prompt of that paired test
-    seed: int = 0
-    sample_every: int = 500
-    checkpoint_every: int = 250
-    resume: bool = False
-    max_minutes: float = 0.0  # stop cleanly (checkpoint + pipeline) after this much wall time; 0 = no limit
-    # > 0: draw the fresh scenes of the coming steps in this many worker processes while the model trains (the same
-    # batches: each is a function of seed and step). On a GPU, drawing scenes in the loop leaves it idle; on a
-    # 2-core CPU the workers would only take the training's core. Like max_minutes, a setting of this call only.
-    data_workers: int = 0
-    clip: str | None = None  # a local CLIP folder (tokenizer + text encoder), kept frozen unless text_lr > 0
-    # with clip: > 0 trains that CLIP's text encoder with the U-Net, at this peak rate (same warm-up and schedule),
-    # so a text side pretrained to keep its words apart can still learn which colour goes with which shape
-    text_lr: float = 0.0
-    # > 0: add this times the grounding loss (recipe.grounding_loss, TokenCompose's): each word that names an object
-    # attends to that object's pixels in the drawn scene's masks (fresh scenes only: a dataset folder keeps none)
-    grounding_weight: float = 0.0
-    # > 0: add this times the pixel loss (recipe.pixel_grounding_loss, TokenCompose's): each pixel reads the words of
-    # its own object and no other object's (fresh scenes only, like the token loss above)
-    pixel_grounding_weight: float = 0.0
-    # > 0: add this times recipe.object_overlap_loss: two objects' words attend to different pixels, at every noise
-    # level (fresh scenes only; the masks only say which words name which object)
-    overlap_weight: float = 0.0
-    # > 0: add this times recipe.key_separation_loss: in every cross-attention layer, a caption's two different colour
-    # words are pushed apart where their Keys' cosine is above key_margin (the evaluation's target is 0.5)
-    key_separation_weight: float = 0.0
-    key_margin: float = 0.3
-    max_length: int = 32
-    channels: tuple = (32, 64, 128)
-    cross_attention: tuple = (False, True, True)
-    self_attention: tuple = (False, False, True)
-    text_width: int = 64
-    text_layers: int = 2
-    heads: int = 4
-    position_embedding: bool = False  # 2D position embedding on the image tokens of every SpatialTransformer
-    pooled_text: bool = False  # the prompt's summary vector (last token's hidden state) joins the timestep's
-    grown_from: str | None = None  # "RUN@STEP": the trained run this one continues with added parts (`grow`)
-    sample_prompts: list = field(default_factory=lambda: [
-        "a red circle", "a blue square", "a green triangle", "a yellow circle on the left",
-        "a red circle left of a blue square", "a green square above a yellow triangle",
-        "a blue triangle and a red square", "a yellow square below a green circle"])
-
-    def validate(self):
-        """Raise (ValueError, FileNotFoundError, UsageError for the seed) naming the first bad setting."""
-        for name in ("steps", "batch_size", "size", "checkpoint_every", "sample_every"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.num_samples < 0 or self.snapshot_every < 0 or self.layout_every < 0 or self.data_workers < 0:
-            raise ValueError("num_samples, snapshot_every, layout_every and data_workers must be >= 0 (0: fresh "
-                             "scenes / none / in the training loop)")
-        if self.layout_seeds <= 0:
-            raise ValueError(f"layout_seeds must be a positive integer, got {self.layout_seeds}")
-        self.check_world()  # before the checks it would explain: a scenes-64 run has no --num-samples to give
-        if self.prediction_type not in ("epsilon", "v_prediction"):
-            raise ValueError(f"prediction_type must be 'epsilon' or 'v_prediction', got {self.prediction_type!r}")
-        if self.zero_terminal_snr and self.prediction_type == "epsilon":
-            raise ValueError("zero_terminal_snr needs prediction_type 'v_prediction': noise cannot be predicted "
-                             "from pure noise")
-        if self.text_variant not in TEXT_VARIANTS:
-            raise ValueError(f"text_variant must be one of {', '.join(map(repr, TEXT_VARIANTS))}, "
-                             f"got {self.text_variant!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {', '.join(map(repr, OPTIMIZERS))}, got {self.optimizer!r}")
-        if not 0.0 <= self.muon_momentum < 1.0:
-            raise ValueError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {self.precision!r}")
-        if self.timestep_sampling not in TIMESTEP_SAMPLING:
-            raise ValueError(f"timestep_sampling must be one of {', '.join(map(repr, TIMESTEP_SAMPLING))}, "
-                             f"got {self.timestep_sampling!r}")
-        for name in ("layout_share", "layout_fraction"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be in (0, 1], got {getattr(self, name)}")
-        if not (math.isfinite(self.logit_mean) and math.isfinite(self.logit_std) and self.logit_std > 0):
-            raise ValueError(f"--logit-mean must be finite and --logit-std finite and > 0, got {self.logit_mean} "
-                             f"and {self.logit_std}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if self.lr_schedule == "cooldown" and not (self.decay_start >= self.warmup and self.decay_steps > 0):
-            raise ValueError(f"--lr-schedule cooldown needs --decay-start at or after the warm-up ({self.warmup}) and "
-                             f"--decay-steps > 0, got {self.decay_start} and {self.decay_steps}")
-        if self.lr_schedule != "cooldown" and (self.decay_start or self.decay_steps):
-            raise ValueError(f"--decay-start and --decay-steps apply only with --lr-schedule cooldown, not "
-                             f"{self.lr_schedule}")
-        if self.lr_schedule != "constant" and self.min_lr > self.lr:
-            raise ValueError(f"--min-lr {self.min_lr} is above --lr {self.lr}: a decay must go down")
-        if self.data is not None and not Path(self.data).is_dir():
-            raise FileNotFoundError(f"data folder {self.data} does not exist")
-        if self.clip is not None and not Path(self.clip).is_dir():
-            raise FileNotFoundError(f"CLIP folder {self.clip} does not exist")
-        if not (math.isfinite(self.text_lr) and self.text_lr >= 0):
-            raise ValueError(f"--text-lr must be a finite number >= 0 (0: the CLIP stays frozen), got {self.text_lr}")
-        terms = (("--grounding-weight", self.grounding_weight),
-                 ("--pixel-grounding-weight", self.pixel_grounding_weight),
-                 ("--overlap-weight", self.overlap_weight),
-                 ("--key-separation-weight", self.key_separation_weight))
-        for flag, weight in terms:
-            if not (math.isfinite(weight) and weight >= 0):
-                raise ValueError(f"{flag} must be a finite number >= 0 (0: none), got {weight}")
-        if not -1 <= self.key_margin < 1:
-            raise ValueError(f"--key-margin is a cosine in [-1, 1), got {self.key_margin}")
-        for flag, weight in terms[:3]:  # the key term needs no masks
-            if weight and (self.data is not None or self.num_samples):
-                raise ValueError(f"{flag} needs fresh scenes (no --data, --num-samples 0): the object masks it "
-                                 "trains on are drawn with each batch, and a dataset folder keeps none")
-        if self.text_lr and self.clip is None:
-            raise ValueError(f"--text-lr {self.text_lr} applies only with --clip: a run's own text encoder learns "
-                             "at --lr with the U-Net")
-        if self.text_lr and self.text_variant != "clip":
-            raise ValueError(f"--text-lr {self.text_lr} trains the CLIP's own encoder; --text-variant "
-                             f"{self.text_variant} is an ablation on a frozen one")
-        if not 0 <= self.single_share <= 1:
-            raise ValueError(f"single_share must be in [0, 1], got {self.single_share}")
-        if not 0 <= self.colourless_share <= 1:
-            raise ValueError(f"colourless_share must be in [0, 1], got {self.colourless_share}")
-        check_and_order(self.and_order)
-        if not 0 <= self.caption_dropout < 1:
-            raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
-        multiple = 2 ** (len(self.channels) - 1)
-        if self.size % multiple:
-            raise ValueError(f"--size must be a multiple of {multiple} for {len(self.channels)} levels of --channels, "
-                             f"got {self.size}")
-        if any(c <= 0 or c % 8 for c in self.channels):
-            raise ValueError(f"--channels must be positive multiples of 8 (group norm in 8 groups), "
-                             f"got {list(self.channels)}")
-        if self.clip is None and self.text_width % self.heads:
-            raise ValueError(f"--text-width {self.text_width} must be a multiple of --heads {self.heads}")
-        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "min_snr_gamma", "max_minutes"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
-        if self.lr == 0 or self.ema_decay >= 1:
-            raise ValueError(f"--lr must be > 0 and --ema-decay < 1, got {self.lr} and {self.ema_decay}")
-        if not (math.isfinite(self.side_hint_gain) and self.side_hint_gain > 0):
-            raise ValueError(f"--side-hint-gain must be a finite number > 0 (at 0 the side hints never change "
-                             f"anything), got {self.side_hint_gain}")
-        if 0 < self.num_samples < self.batch_size:
-            raise ValueError(f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}: "
-                             "every batch would be short")
-        check_seed(self.seed, top=TRAIN_MAX_SEED)
-
-    def check_world(self) -> None:
-        """ValueError for a `world` not in `WORLDS`, or a setting a scenes-64 run cannot take. scenes-64's sampler has
-        knobs for single_share, colourless_share and and_order; its other shares (positions, unsized groups, "one"
-        for "a") keep `Scenes64Sampler`'s defaults. What only scenes-32 has is refused: a dataset folder or a fixed
-        set of scenes, a frozen CLIP or an ablation text side (their vocabularies are scenes-32's) and the layout log
-        (scenes-32's prompts and detector)."""
-        if self.world not in WORLDS:
-            raise ValueError(f"world must be one of {', '.join(map(repr, WORLDS))}, got {self.world!r}")
-        if self.world != "scenes-64":
-            return
-        fresh = "a scenes-64 run draws fresh scenes every batch"
-        own_text = "a scenes-64 run trains its own CLIP text encoder on the world's vocabulary"
-        only_32 = (("--data", self.data is not None, fresh), ("--num-samples", self.num_samples > 0, fresh),
-                   ("--clip", self.clip is not None, own_text),
-                   (f"--text-variant {self.text_variant}", self.text_variant != "clip", own_text),
-                   ("--layout-every", self.layout_every > 0, "the layout log samples scenes-32's prompts"))
-        for flag, given, why in only_32:
-            if given:
-                raise ValueError(f"{flag} is for world scenes-32 only: {why}")
-        if self.max_length < CAPTION_TOKENS:
-            raise ValueError(f"max_length {self.max_length} would cut the longest captions of world scenes-64 "
-                             f"(\"{LONGEST_CAPTION}\" is {CAPTION_TOKENS} tokens with its start and end): give at "
-                             f"least {CAPTION_TOKENS}")
-        if self.size < 16:
-            raise ValueError(f"size {self.size} is too small for world scenes-64: four big objects fit from 16 px "
-                             f"(its detector needs {IMAGE_SIZE})")
-
-    @property
-    def trains_text(self) -> bool:
-        """Whether training changes the text encoder: its own always, a CLIP's only at a text_lr above 0."""
-        return self.clip is None or self.text_lr > 0
-
-    @property
-    def text_checkpointed(self) -> bool:
-        """Whether the text side's weights come from the checkpoint: all but a frozen CLIP alone, which is its
-        folder's (an ablation's parts on a frozen CLIP, such as the side-hint table, train and are saved)."""
-        return self.trains_text or self.text_variant != "clip"
 
 
 def check_resumable(out: Path, steps: int | None = None, flag: str = "--resume") -> None:
@@ -369,57 +131,60 @@ def resumed_config(cfg: TrainConfig, saved: dict) -> TrainConfig:
     values."""
     saved = dict(saved)
     # a resumed run may go longer, continue a copied run folder, or run on another machine
-    saved.update(out=cfg.out, steps=cfg.steps, resume=True, max_minutes=cfg.max_minutes, data_workers=cfg.data_workers)
+    saved.update(out=cfg.out, steps=cfg.schedule.steps, resume=True, max_minutes=cfg.max_minutes,
+                 data_workers=cfg.data_workers)
     # runs from before v-prediction name none of these; they were trained with the old recipe
     for key, old in (("prediction_type", "epsilon"), ("zero_terminal_snr", False), ("lr_schedule", "cosine"),
                      ("ema_decay", 0.995), ("num_samples", 30000), ("lr", 1e-3)):
         saved.setdefault(key, old)
-    return TrainConfig(**saved)
+    return TrainConfig.from_flat(**saved)
 
 
 def build_components(cfg: TrainConfig, folder: Path, tokenizer=None):
-    """Tokenizer, text side (`cfg.text_variant`'s) and a fresh U-Net for `cfg`: our own vocabulary, written into
-    `folder`, unless `cfg.clip` or a `tokenizer` (a run's own, as saved) is given."""
-    if cfg.clip:
-        tokenizer, text_encoder = load_tokenizer(cfg.clip), load_text_encoder(cfg.clip)
-        text_encoder.requires_grad_(cfg.trains_text)
+    """Tokenizer, text side (`cfg.text.text_variant`'s) and a fresh U-Net for `cfg`: our own vocabulary, written into
+    `folder`, unless `cfg.text.clip` or a `tokenizer` (a run's own, as saved) is given."""
+    model, text = cfg.model, cfg.text
+    if text.clip:
+        tokenizer, text_encoder = load_tokenizer(text.clip), load_text_encoder(text.clip)
+        text_encoder.requires_grad_(text.trains_text)
     else:
         if tokenizer is None:
-            tokenizer = save_vocabulary(VOCABULARY[cfg.world], folder / "tokenizer", cfg.max_length)
-        text_encoder = new_text_encoder(tokenizer, cfg.text_width, cfg.text_layers, cfg.heads, 4 * cfg.text_width)
-    unet = UNet(sample_size=cfg.size, channels=tuple(cfg.channels), cross_attention=tuple(cfg.cross_attention),
-                self_attention=tuple(cfg.self_attention), context_dim=text_encoder.config.hidden_size,
-                heads=cfg.heads, position_embedding=cfg.position_embedding, pooled_text=cfg.pooled_text)
-    return tokenizer, text_side(cfg.text_variant, tokenizer, text_encoder, cfg.side_hint_gain), unet
+            tokenizer = save_vocabulary(VOCABULARY[cfg.data.world], folder / "tokenizer", text.max_length)
+        text_encoder = new_text_encoder(tokenizer, text.text_width, text.text_layers, model.heads, 4 * text.text_width)
+    unet = UNet(sample_size=model.size, channels=tuple(model.channels), cross_attention=tuple(model.cross_attention),
+                self_attention=tuple(model.self_attention), context_dim=text_encoder.config.hidden_size,
+                heads=model.heads, position_embedding=model.position_embedding, pooled_text=model.pooled_text)
+    return tokenizer, text_side(text.text_variant, tokenizer, text_encoder, text.side_hint_gain), unet
 
 
 def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.optim.Optimizer, list[str]]:
     """(trained parameters, the optimizer, the checkpoint name of each optimizer parameter id): AdamW, or with
-    `optimizer` "muon" Muon on the hidden weight matrices (unet/muon.py); weight decay on the weight matrices only. Each group's `lr_scale` times the schedule's rate is its learning rate: 1, or
-    text_lr / lr for a CLIP's text encoder (whose groups come last, so a run grown from a frozen one keeps its
-    U-Net's parameter ids)."""
+    `--optimizer muon` Muon on the hidden weight matrices (unet/muon.py); weight decay on the weight matrices only.
+    Each group's `lr_scale` times the schedule's rate is its learning rate: 1, or text_lr / lr for a CLIP's text
+    encoder (whose groups come last, so a run grown from a frozen one keeps its U-Net's parameter ids)."""
     unet_named = [(f"unet.{n}", p) for n, p in unet.named_parameters()]
     text_named = [(f"text.{n}", p) for n, p in text_encoder.named_parameters() if p.requires_grad]
     # the trained text: a run's own encoder, or an ablation's parts on a frozen CLIP, at --lr; a CLIP at --text-lr
-    parts = ([(unet_named, 1.0), (text_named, cfg.text_lr / cfg.lr)] if cfg.clip and cfg.text_lr
+    settings = cfg.optimizer
+    parts = ([(unet_named, 1.0), (text_named, cfg.text.text_lr / settings.lr)] if cfg.text.clip and cfg.text.text_lr
              else [(unet_named + text_named, 1.0)])
     groups, names = [], []
     for named, lr_scale in parts:
         # decaying token and position embeddings toward 0 drags rarely seen words and the text encoder drifts
         decay = [(n, p) for n, p in named if p.dim() >= 2 and "embedding" not in n]
         no_decay = [(n, p) for n, p in named if all(p is not q for _, q in decay)]
-        kinds = [(decay, cfg.weight_decay, False), (no_decay, 0.0, False)]
-        if cfg.optimizer == "muon":  # the decayed hidden matrices step by Muon
-            kinds = [([(n, p) for n, p in decay if is_muon_matrix(n, p)], cfg.weight_decay, True),
-                     ([(n, p) for n, p in decay if not is_muon_matrix(n, p)], cfg.weight_decay, False),
+        kinds = [(decay, settings.weight_decay, False), (no_decay, 0.0, False)]
+        if settings.algorithm == "muon":  # the decayed hidden matrices step by Muon
+            kinds = [([(n, p) for n, p in decay if is_muon_matrix(n, p)], settings.weight_decay, True),
+                     ([(n, p) for n, p in decay if not is_muon_matrix(n, p)], settings.weight_decay, False),
                      (no_decay, 0.0, False)]
         for members, weight_decay, muon in kinds:
             if members:
                 groups.append({"params": [p for _, p in members], "weight_decay": weight_decay, "lr_scale": lr_scale}
                               | ({"muon": True} if muon else {}))
                 names += [n for n, _ in members]
-    optimizer = (MuonAdamW(groups, lr=cfg.lr, momentum=cfg.muon_momentum) if cfg.optimizer == "muon"
-                 else torch.optim.AdamW(groups, lr=cfg.lr))
+    optimizer = (MuonAdamW(groups, lr=settings.lr, momentum=settings.muon_momentum) if settings.algorithm == "muon"
+                 else torch.optim.AdamW(groups, lr=settings.lr))
     return [p for g in groups for p in g["params"]], optimizer, names
 
 
@@ -437,28 +202,28 @@ def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
     can be evaluated between snapshots. The folder is only read."""
     check_resumable(folder, flag="--model")
     cfg = resumed_config(TrainConfig(out=str(folder)), json.loads((folder / "train_config.json").read_text()))
-    tokenizer = None if cfg.clip else load_tokenizer(folder / "tokenizer")  # the run's own vocabulary
+    tokenizer = None if cfg.text.clip else load_tokenizer(folder / "tokenizer")  # the run's own vocabulary
     tokenizer, text_encoder, unet = build_components(cfg, folder, tokenizer)
     tensors, _ = checkpoint.load(folder / "checkpoint.safetensors")
-    text = [("ema_text", text_encoder)] if cfg.text_checkpointed else []  # a frozen CLIP alone is its folder's
+    text = [("ema_text", text_encoder)] if cfg.text.text_checkpointed else []  # a frozen CLIP alone is its folder's
     for prefix, module in [("ema", unet), *text]:
         # a folder --grow-from just made holds its source's checkpoint until its first save: grow it here too
         load_weights(module, tensors, prefix, folder / "checkpoint.safetensors")
         module.requires_grad_(False).eval()
     unet.to(memory_format=torch.channels_last)  # as in training: faster on CPU, and the same sums
     pipe = ScenePipeline(unet=unet, text_encoder=text_encoder, tokenizer=tokenizer,
-                         scheduler=make_scheduler(scheduler, noise_scheduler(cfg.prediction_type,
-                                                                            cfg.zero_terminal_snr).config))
-    pipe.world = cfg.world  # as load_pipeline reads it from a pipeline folder
+                         scheduler=make_scheduler(scheduler, noise_scheduler(cfg.diffusion.prediction_type,
+                                                                            cfg.diffusion.zero_terminal_snr).config))
+    pipe.world = cfg.data.world  # as load_pipeline reads it from a pipeline folder
     return pipe
 
 
 def training_data(cfg: TrainConfig) -> SceneDataset | None:
     """The dataset folder, `num_samples` scenes drawn once, or None: fresh scenes every batch."""
-    if cfg.data:
-        return SceneDataset.load(cfg.data)
-    if cfg.num_samples:
-        return SceneDataset.generate(cfg.num_samples, cfg.seed, cfg.size, cfg.size)
+    if cfg.data.folder:
+        return SceneDataset.load(cfg.data.folder)
+    if cfg.data.num_samples:
+        return SceneDataset.generate(cfg.data.num_samples, cfg.run.seed, cfg.model.size, cfg.model.size)
     return None
 
 
@@ -482,21 +247,21 @@ def training_batch(cfg: TrainConfig, tokenizer, step: int, part: slice = slice(N
     epoch; a function of (seed, step) alone, so a resumed run, or a data worker, draws the same batch."""
     scenes = None
     if dataset is None:
-        scenes = fresh_scenes(cfg.seed, step, cfg.batch_size, cfg.size, cfg.single_share, cfg.colourless_share,
-                              cfg.and_order, cfg.world)
+        data = cfg.data
+        scenes = fresh_scenes(cfg.run.seed, step, cfg.optimizer.batch_size, cfg.model.size, data.single_share,
+                              data.colourless_share, data.and_order, data.world)
         images, captions = scenes_to_tensor(scenes), [s.caption for s in scenes]
     else:
         n = len(dataset)
-        per_epoch = max(1, n // cfg.batch_size)
+        per_epoch = max(1, n // cfg.optimizer.batch_size)
         epoch, i = divmod(step, per_epoch)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 100003 + epoch))
-        idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.run.seed * 100003 + epoch))
+        idx = order[i * cfg.optimizer.batch_size:(i + 1) * cfg.optimizer.batch_size]
         images, captions = dataset.images[idx], [dataset.captions[j] for j in idx.tolist()]
     images, captions = to_model_range(images[part]), captions[part]
-    coin = torch.rand(len(captions), generator=torch.Generator().manual_seed(cfg.seed + step))
-    captions = ["" if drop else c for drop, c in zip((coin < cfg.caption_dropout).tolist(), captions)]
-    grounded = cfg.grounding_weight or cfg.pixel_grounding_weight or cfg.overlap_weight
-    masks = word_masks(scenes[part], captions, tokenizer) if grounded else None
+    coin = torch.rand(len(captions), generator=torch.Generator().manual_seed(cfg.run.seed + step))
+    captions = ["" if drop else c for drop, c in zip((coin < cfg.data.caption_dropout).tolist(), captions)]
+    masks = word_masks(scenes[part], captions, tokenizer) if cfg.losses.grounded else None
     return images, captions, masks
 
 
@@ -533,7 +298,7 @@ class BatchPrefetcher:
             there.close()  # the worker's end lives in the worker: its death then reads as a closed pipe here
             self.conns.append(here)
             self.procs.append(proc)
-        self.ahead, self.last = 2 * workers, cfg.steps - 1
+        self.ahead, self.last = 2 * workers, cfg.schedule.steps - 1
         self.wait_s = wait_s  # a batch takes ~50 ms; one that has not come by then is drawn in the loop
         self.started = False  # until the first batch comes, the workers are still importing: the loop draws
         self.asked: set[int] = set()  # steps sent to a worker
@@ -592,37 +357,85 @@ class NonFiniteLoss(ArithmeticError):
         self.step, self.what, self.kept = step, what, kept
 
 
+class TrainerCallback:
+    """Something a run does beside training, on the main process only: a measurement it takes or a file it writes
+    (transformers' `TrainerCallback`, cut to two events). The checkpoint is not one: `--resume` depends on it."""
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        """Before the first step of this call, at `trainer.step` (0, or the step of the checkpoint it resumed)."""
+
+    def after_step(self, trainer: Trainer, step: int, last: bool) -> None:
+        """After step `step` and its checkpoint, if it saved one; `last`: the run stops there (its last step, or
+        --max-minutes ran out)."""
+
+
+class SampleGrid(TrainerCallback):
+    """The EMA model's images of `run.sample_prompts` in a row, every `run.sample_every` steps and at the end:
+    OUT/samples/step_NNNNNN.png, each from the same noise (seed 0)."""
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        (trainer.out / "samples").mkdir(exist_ok=True)
+
+    def after_step(self, trainer: Trainer, step: int, last: bool) -> None:
+        if step % trainer.cfg.run.sample_every == 0 or last:
+            self.save(trainer, trainer.out / "samples" / f"step_{step:06d}.png")
+
+    @staticmethod
+    def save(trainer: Trainer, path: Path) -> None:
+        from PIL import Image
+        gen = torch.Generator().manual_seed(0)
+        images = trainer.pipeline()(trainer.cfg.run.sample_prompts, generator=gen, show_progress=False).images
+        s = images[0].width
+        grid = Image.new("RGB", (s * len(images), s))
+        for i, im in enumerate(images):
+            grid.paste(im, (i * s, 0))
+        grid.resize((grid.width * 4, grid.height * 4), Image.NEAREST).save(path)
+
+
+class PipelineSnapshots(TrainerCallback):
+    """The EMA pipeline every `run.snapshot_every` steps (0: never), in OUT/snapshots/step_NNNNNN: the points of
+    a scaling curve (scripts/scaling.py). Ablation text sides write none (they are not diffusers parts)."""
+
+    def after_step(self, trainer: Trainer, step: int, last: bool) -> None:
+        every = trainer.cfg.run.snapshot_every
+        if every and step % every == 0 and trainer.writes_pipeline:
+            trainer.save_pipeline(trainer.out / "snapshots" / f"step_{step:06d}")
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, callbacks: Sequence[TrainerCallback] = ()):
+        """`callbacks` measure or write beside the run's own snapshots and sample grids, in that order after each
+        step (the command line's: the layout log, unet/eval/layout_log.py)."""
         cfg.validate()
         self.cfg = cfg
+        self.callbacks = [PipelineSnapshots(), SampleGrid(), *callbacks]
         self.out = Path(cfg.out)
         self.ckpt_path = self.out / "checkpoint.safetensors"
         if self.ckpt_path.exists() and not cfg.resume:
             raise FileExistsError(f"{self.ckpt_path} exists; pass --resume to continue it or choose another --out")
         if cfg.resume:
-            check_resumable(self.out, cfg.steps)
+            check_resumable(self.out, cfg.schedule.steps)
         self.accelerator = Accelerator()
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.run.seed)
         self.out.mkdir(parents=True, exist_ok=True)
         remove_stale_temp_files(self.out)  # a checkpoint half-written by a run that was killed
         if cfg.resume:
             self.cfg = cfg = resumed_config(cfg, json.loads((self.out / "train_config.json").read_text()))
         elif self.accelerator.is_main_process:
-            (self.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+            (self.out / "train_config.json").write_text(json.dumps(cfg.flat(), indent=1))
             (self.out / "recipe.resolved.toml").write_text(dump_recipe(cfg, RESOLVED_HEADER))
 
         self.tokenizer, self.text_encoder, self.unet = build_components(cfg, self.out)
         self.unet.to(memory_format=torch.channels_last)  # ~20% faster convolutions on CPU (oneDNN)
         self.ema = copy.deepcopy(self.unet).requires_grad_(False)
         self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)
-        self.scheduler = noise_scheduler(cfg.prediction_type, cfg.zero_terminal_snr)
+        self.scheduler = noise_scheduler(cfg.diffusion.prediction_type, cfg.diffusion.zero_terminal_snr)
         self.params, self.optimizer, self.param_names = build_optimizer(self.unet, self.text_encoder, cfg)
         self.dataset = training_data(cfg)
         self.prefetcher: BatchPrefetcher | None = None  # started by train(), for fresh scenes only
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk, once this run wrote or read one
-        self.noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.noise_gen = torch.Generator().manual_seed(cfg.run.seed + 1)
         if cfg.resume:
             self._load_checkpoint()
         self.unet, self.text_encoder, self.optimizer = self.accelerator.prepare(
@@ -644,36 +457,37 @@ class Trainer:
         ids = self.tokenizer(captions, padding="max_length", max_length=self.tokenizer.model_max_length,
                              truncation=True, return_tensors="pt").input_ids.to(device)
         noise = torch.randn(images.shape, generator=self.noise_gen).to(device)
-        t = sample_timesteps(self.cfg, len(images), self.scheduler.config.num_train_timesteps, self.noise_gen)
+        t = sample_timesteps(self.cfg.diffusion, len(images), self.scheduler.config.num_train_timesteps, self.noise_gen)
         images, t = images.to(device), t.to(device)
         watch = nullcontext([]) if masks is None else cross_attention_weights(self.accelerator.unwrap_model(self.unet))
         with self.autocast(), watch as weights:
             with record_function("text encoder"):
                 context = self.text_encoder(ids).last_hidden_state  # (B, T, D), one encoding shared by all layers
             with record_function("U-Net"):
-                loss = diffusion_loss(self.unet, self.scheduler, images, context, noise, t, self.cfg.prediction_type,
-                                      self.cfg.min_snr_gamma)
+                loss = diffusion_loss(self.unet, self.scheduler, images, context, noise, t,
+                                      self.cfg.diffusion.prediction_type, self.cfg.diffusion.min_snr_gamma)
         context = context.float()  # the loss terms below sum in float32
         with record_function("attention losses"):
-            if self.cfg.key_separation_weight:
-                pairs = colour_pairs(captions, self.tokenizer, COLOUR_WORDS[self.cfg.world])
-                loss = loss + self.cfg.key_separation_weight * key_separation_loss(
-                    self.accelerator.unwrap_model(self.unet), context, pairs, self.cfg.key_margin)
+            if self.cfg.losses.key_separation_weight:
+                pairs = colour_pairs(captions, self.tokenizer, COLOUR_WORDS[self.cfg.data.world])
+                loss = loss + self.cfg.losses.key_separation_weight * key_separation_loss(
+                    self.accelerator.unwrap_model(self.unet), context, pairs, self.cfg.losses.key_margin)
             if masks is None:
                 return loss
             masks = masks.to(device)
-            return (loss + self.cfg.grounding_weight * grounding_loss(weights, masks)
-                    + self.cfg.pixel_grounding_weight * pixel_grounding_loss(weights, masks)
-                    + self.cfg.overlap_weight * object_overlap_loss(weights, masks))
+            return (loss + self.cfg.losses.grounding_weight * grounding_loss(weights, masks)
+                    + self.cfg.losses.pixel_grounding_weight * pixel_grounding_loss(weights, masks)
+                    + self.cfg.losses.overlap_weight * object_overlap_loss(weights, masks))
 
     def autocast(self):
         """The forward passes' precision: bfloat16 autocast for `precision` "bf16", else nothing changes."""
-        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
+        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16,
+                              enabled=self.cfg.optimizer.precision == "bf16")
 
     @torch.no_grad()
     def update_ema(self):
         # a short average early (when weights move fast), the full decay once the run has 1000s of steps
-        d = min(self.cfg.ema_decay, (1 + self.step) / (10 + self.step))
+        d = min(self.cfg.schedule.ema_decay, (1 + self.step) / (10 + self.step))
         for model, ema in ((self.unet, self.ema), (self.text_encoder, self.ema_text)):
             for p, e in zip(self.accelerator.unwrap_model(model).parameters(), ema.parameters()):
                 e.lerp_(p.detach(), 1 - d)
@@ -706,10 +520,10 @@ class Trainer:
         if grown:
             print(f"grown from the model of step {self.step}: {len(grown)} new weight tensors (with the EMA's) "
                   "start at identity")
-        if self.cfg.clip and text_replaced(self.text_encoder, tensors):
+        if self.cfg.text.clip and text_replaced(self.text_encoder, tensors):
             # grown onto a frozen CLIP from a run that trained its own text side: the Adam moments were that run's
             # parameter order, text included; the U-Net starts afresh on them
-            print(f"grown from the model of step {self.step} onto the frozen text side of {self.cfg.clip}: the "
+            print(f"grown from the model of step {self.step} onto the frozen text side of {self.cfg.text.clip}: the "
                   "U-Net's weights carry over, its optimizer moments start afresh")
         else:
             remap_moments(self.optimizer, self.param_names, tensors)
@@ -717,9 +531,9 @@ class Trainer:
         torch.set_rng_state(tensors["rng.torch"])
 
     def checkpointed_modules(self) -> list[tuple[str, torch.nn.Module]]:
-        """What a checkpoint's weights load into, by prefix. A frozen text side (`cfg.clip`) is its folder's, never
-        the checkpoint's: a run grown onto it holds its source's own text weights until it first saves."""
-        text = [("text", self.text_encoder), ("ema_text", self.ema_text)] if self.cfg.text_checkpointed else []
+        """What a checkpoint's weights load into, by prefix. A frozen text side (`cfg.text.clip`) is its folder's,
+        never the checkpoint's: a run grown onto it holds its source's own text weights until it first saves."""
+        text = [("text", self.text_encoder), ("ema_text", self.ema_text)] if self.cfg.text.text_checkpointed else []
         return [("unet", self.unet), ("ema", self.ema), *text]
 
     def pipeline(self, ema: bool = True) -> ScenePipeline:
@@ -728,18 +542,8 @@ class Trainer:
         return ScenePipeline(unet=unet, text_encoder=text, tokenizer=self.tokenizer,
                              scheduler=make_scheduler("ddim", self.scheduler.config))
 
-    def save_samples(self, path: Path):
-        from PIL import Image
-        gen = torch.Generator().manual_seed(0)
-        images = self.pipeline()(self.cfg.sample_prompts, generator=gen, show_progress=False).images
-        s = images[0].width
-        grid = Image.new("RGB", (s * len(images), s))
-        for i, im in enumerate(images):
-            grid.paste(im, (i * s, 0))
-        grid.resize((grid.width * 4, grid.height * 4), Image.NEAREST).save(path)
-
     def train(self, progress: bool = True) -> list[float]:
-        """Run to `cfg.steps`; returns the losses of this call.
+        """Run to `cfg.schedule.steps`; returns the losses of this call.
 
         Ctrl-C and SIGTERM are held back to the end of the step: the run then saves its checkpoint (the one a
         periodic checkpoint at that step would be) and raises `Interrupted`. The loss log is flushed with
@@ -748,14 +552,15 @@ class Trainer:
         of the step before, and the checkpoint on disk is never replaced by a damaged one.
         """
         cfg = self.cfg
-        (self.out / "samples").mkdir(exist_ok=True)
         trim_log(self.out / "loss.csv", self.step)
-        trim_log(self.out / "layout.jsonl", self.step)
+        if self.accelerator.is_main_process:
+            for callback in self.callbacks:
+                callback.on_train_begin(self)
         log = open(self.out / "loss.csv", "a", newline="")  # noqa: SIM115 -- closed in the finally below
         writer = csv.writer(log)
         losses = []
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress or not self.accelerator.is_main_process,
-                   desc="training")
+        bar = tqdm(total=cfg.schedule.steps, initial=self.step,
+                   disable=not progress or not self.accelerator.is_main_process, desc="training")
         t0, seen = time.time(), 0
         def save_checkpoint():
             log.flush()  # rows up to this step are on disk before the checkpoint that covers them
@@ -765,11 +570,11 @@ class Trainer:
             try:
                 if cfg.data_workers and self.dataset is None:  # a dataset's batches are an index: nothing to draw
                     self.prefetcher = BatchPrefetcher(cfg, self.tokenizer, self.part, cfg.data_workers)
-                while self.step < cfg.steps:
+                while self.step < cfg.schedule.steps:
                     held.raise_pending()  # between steps: nothing of the next one has drawn a random number yet
                     loss = self.train_step()
                     losses.append(loss)
-                    seen += cfg.batch_size
+                    seen += cfg.optimizer.batch_size
                     writer.writerow([self.step, f"{loss:.5f}", f"{time.time() - t0:.1f}"])
                     bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{seen / (time.time() - t0):.0f}")
                     bar.update(1)
@@ -798,13 +603,13 @@ class Trainer:
     @property
     def writes_pipeline(self) -> bool:
         """Whether the run ends in a diffusers pipeline folder (ablation text sides are not diffusers parts)."""
-        return self.cfg.text_variant == "clip"
+        return self.cfg.text.text_variant == "clip"
 
     def train_step(self) -> float:
         """One optimizer step on the batch of `self.step`, then the EMA; returns the loss. Its phases are named
         for torch.profiler (`scripts/profile_training.py`); outside a profile the names cost nothing."""
         for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(self.step, self.cfg) * g["lr_scale"]
+            g["lr"] = lr_at(self.step, self.cfg.optimizer, self.cfg.schedule) * g["lr_scale"]
         with record_function("data"):
             batch = self.batch(self.step)
         loss = self.loss(*batch)
@@ -814,7 +619,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.accelerator.backward(loss)
         with record_function("optimizer"):
-            norm = self.accelerator.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            norm = self.accelerator.clip_grad_norm_(self.params, self.cfg.optimizer.grad_clip)
             if not torch.isfinite(torch.as_tensor(norm)):
                 raise NonFiniteLoss(self.step + 1, f"the gradient norm is {float(norm)}", self.saved_step)
             self.optimizer.step()
@@ -825,49 +630,31 @@ class Trainer:
 
     def after_step(self, save_checkpoint, out_of_time: bool) -> None:
         """What a finished step may write: the checkpoint (every `checkpoint_every` steps, at the end, and when
-        time is up), a pipeline snapshot and a sample grid."""
-        cfg, step, main = self.cfg, self.step, self.accelerator.is_main_process
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:
+        time is up), then, on the main process, what each callback writes or measures."""
+        step, last = self.step, self.step == self.cfg.schedule.steps or out_of_time
+        if step % self.cfg.run.checkpoint_every == 0 or last:
             save_checkpoint()
-        if main and cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.writes_pipeline:
-            self.save_pipeline(self.out / "snapshots" / f"step_{step:06d}")
-        if main and (step % cfg.sample_every == 0 or step == cfg.steps or out_of_time):
-            self.save_samples(self.out / "samples" / f"step_{step:06d}.png")
-        if main and cfg.layout_every and step % cfg.layout_every == 0:
-            self.log_layout(self.out / "layout.jsonl")
-
-    def log_layout(self, path: Path) -> dict:
-        """Append the EMA model's layout response and paired position test at this step to `path` (one JSON
-        line), so a run shows when placement starts. Its random numbers never touch the training's."""
-        from .eval.evaluate import paired_relations
-        from .eval.layout import layout_response
-        with torch.random.fork_rng(devices=[]):
-            pipe = self.pipeline()
-            row = {"step": self.step,
-                   "layout_response": {k: v["response"] for k, v in layout_response(pipe)["pairs"].items()},
-                   "paired": {k: v["response"] for k, v in paired_relations(pipe, seeds=self.cfg.layout_seeds,
-                                                                            guidance=1.0).items()}}
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        return row
+        if self.accelerator.is_main_process:
+            for callback in self.callbacks:
+                callback.after_step(self, step, last)
 
     def save_pipeline(self, folder: Path):
         """The EMA pipeline, plus the words its captions used (so generation can warn about unseen ones), written
         into a partial folder and renamed into place (replacing an older one) only when complete."""
         if self.dataset is not None:
             captions = self.dataset.captions
-        elif self.cfg.world == "scenes-64":
-            sampler = Scenes64Sampler(self.cfg.seed, "train")  # descriptions only: no scene is drawn
+        elif self.cfg.data.world == "scenes-64":
+            sampler = Scenes64Sampler(self.cfg.run.seed, "train")  # descriptions only: no scene is drawn
             captions = [sampler.description().text() for _ in range(2000)]
         else:
-            sampler = SceneSampler(self.cfg.seed, 8, 8)  # tiny scenes: only their captions are needed
+            sampler = SceneSampler(self.cfg.run.seed, 8, 8)  # tiny scenes: only their captions are needed
             captions = [sampler().caption for _ in range(2000)]
         words = sorted({w for caption in captions for w in caption.split()})
         folder.parent.mkdir(parents=True, exist_ok=True)
         with partial_folder(folder.parent) as tmp:
             self.pipeline().save_pretrained(tmp)
             # save_pretrained writes tokenizer.json only; 4.x users need these
-            vocabulary = Path(self.cfg.clip) if self.cfg.clip else self.out / "tokenizer"
+            vocabulary = Path(self.cfg.text.clip) if self.cfg.text.clip else self.out / "tokenizer"
             for name in ("vocab.json", "merges.txt"):
                 if (vocabulary / name).exists():
                     shutil.copy(vocabulary / name, tmp / "tokenizer" / name)

@@ -17,7 +17,7 @@ from crossattn.overlay import to_uint8
 from unet.cli import UsageError, add_model_argument, check_guidance, usage_error
 from unet.folders import write_failed
 from unet.pipeline import load_pipeline
-from unet.train import TrainConfig
+from unet.train_config import RunConfig
 
 
 def main(argv=None) -> int:
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         pipe = load_pipeline(args.model)
     except UsageError as e:
         return usage_error(e)
-    prompts = args.prompts or TrainConfig().sample_prompts
+    prompts = args.prompts or RunConfig().sample_prompts
     rows = []
     for seed in range(args.seeds):
         images = pipe(prompts, num_inference_steps=args.steps, guidance_scale=args.guidance, output_type="np",

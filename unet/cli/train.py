@@ -16,18 +16,17 @@ That is how the levers are measured on a trained model (docs/experiments/levers-
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 from crossattn.text import load_text_encoder, load_tokenizer
 from unet import checkpoint
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
 from unet.data import SceneDataset
+from unet.eval.layout_log import layout_log
 from unet.folders import WRITE_ERRORS, hold_folder, write_failed
 from unet.pipeline import progress_bars
 from unet.recipe_file import known_recipes, read_recipe
@@ -39,6 +38,8 @@ GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share",
           "caption_dropout", "text_variant", "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction",
           "logit_mean", "logit_std", "layout_every", "layout_seeds", "text_lr", "grounding_weight",
           "pixel_grounding_weight", "overlap_weight", "key_separation_weight", "key_margin", *SCHEDULE)
+# every setting by its flat name (the flag's, `TrainConfig.from_flat`'s), at its default
+DEFAULTS = TrainConfig().flat()
 
 
 HELP = {  # the settings whose name alone does not say enough; every other one shows its default
@@ -56,14 +57,13 @@ HELP = {  # the settings whose name alone does not say enough; every other one s
 
 
 def parse_args(argv=None):
-    defaults = TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", metavar="NAME|FILE", default=None,
                    help="train from a recipe file: a name in recipes/ (" + ", ".join(known_recipes()) + ") or the "
                         "path of a .toml file (a run's recipe.resolved.toml trains that run again); the flags below "
                         "override single fields of it. Without --recipe the defaults are the plain setting, no "
                         "lesson on (not the shipped model's recipe)")
-    p.add_argument("--out", default=defaults.out, help="run folder: checkpoint, samples, loss log, final pipeline")
+    p.add_argument("--out", default=DEFAULTS["out"], help="run folder: checkpoint, samples, loss log, final pipeline")
     p.add_argument("--data", default=None,
                    help="dataset folder written by --make-data (default: draw scenes in memory)")
     p.add_argument("--make-data", metavar="DIR", help="only write --num-samples scenes to DIR and exit")
@@ -82,20 +82,20 @@ def parse_args(argv=None):
                         "--decay-steps: a cooldown of a constant run) (everything else as RUN has it); RUN is only "
                         "read")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    for f in fields(TrainConfig):
-        if f.name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from") or isinstance(f.default, tuple):
+    for name, value in DEFAULTS.items():
+        if name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from") or isinstance(value, tuple):
             continue
-        default = None if f.name in GROWTH or f.name == "steps" else f.default
-        if isinstance(f.default, bool):
-            p.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=default,
-                           help=f"(default: {f.default})")
+        default = None if name in GROWTH or name == "steps" else value
+        if isinstance(value, bool):
+            p.add_argument("--" + name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=default,
+                           help=f"(default: {value})")
             continue
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=default,
-                       help=HELP.get(f.name, f"(default: {f.default})").format(default=f.default))
-    p.add_argument("--channels", type=int, nargs="+", default=list(defaults.channels), help="width per level")
+        p.add_argument("--" + name.replace("_", "-"), type=type(value), default=default,
+                       help=HELP.get(name, f"(default: {value})").format(default=value))
+    p.add_argument("--channels", type=int, nargs="+", default=list(DEFAULTS["channels"]), help="width per level")
     p.add_argument("--self-attention-levels", type=int, nargs="*", default=None, metavar="LEVEL",
                    help="levels (0 = full resolution) whose transformers self-attend before they cross-attend; "
-                        f"the middle always does (default: {levels(defaults.self_attention)})")
+                        f"the middle always does (default: {levels(DEFAULTS['self_attention'])})")
     args = p.parse_args(argv)
     for action in p._actions:  # parse again with no defaults: what is left is what the command line gave
         action.default = argparse.SUPPRESS
@@ -117,9 +117,9 @@ def self_attention_flags(chosen: list[int], count: int) -> tuple:
 
 
 def given_settings(args, channels: tuple) -> dict:
-    """The TrainConfig fields the command line gave: --channels as a tuple, and --self-attention-levels as one flag
-    per level of the given --channels, else of `channels` (the run's or the recipe's)."""
-    given = {name: getattr(args, name) for name in args.given if name in {f.name for f in fields(TrainConfig)}}
+    """The settings (flat names) the command line gave: --channels as a tuple, and --self-attention-levels as one
+    flag per level of the given --channels, else of `channels` (the run's or the recipe's)."""
+    given = {name: getattr(args, name) for name in args.given if name in DEFAULTS}
     if "channels" in given:
         given["channels"] = tuple(given["channels"])
     if "self_attention_levels" in args.given:
@@ -151,11 +151,11 @@ CALL_SETTINGS = ("out", "steps", "max_minutes", "data_workers", "resume", "grown
 def refuse_dropped(args, run: TrainConfig, may_change: tuple, why: str) -> None:
     """UsageError for a setting the command line gave that differs from the continued `run`'s and that the call
     cannot change (it would be dropped without a word). A flag repeated with the run's own value is fine."""
-    given = given_settings(args, run.channels)
+    given, settings = given_settings(args, run.model.channels), run.flat()
     for name, value in given.items():
         if name in CALL_SETTINGS or name in may_change:
             continue
-        have = getattr(run, name)
+        have = settings[name]
         if (list(value) == list(have)) if name in ("channels", "self_attention") else value == have:
             continue
         flag = "self-attention-levels" if name == "self_attention" else name.replace("_", "-")
@@ -168,7 +168,7 @@ def training_config(args) -> TrainConfig:
     """The TrainConfig the command line asks for; with --grow-from, RUN's own, changed only as given."""
     if args.recipe is not None:
         return recipe_config(args)
-    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    values = {name: getattr(args, name) for name in DEFAULTS if hasattr(args, name)}
     values["channels"] = tuple(values["channels"])
     schedule_flags = [name for name in SCHEDULE if values.get(name) is not None]
     if args.resume and schedule_flags:
@@ -177,25 +177,24 @@ def training_config(args) -> TrainConfig:
                          "--grow-from the run into a new folder")
     if args.grow_from is None:
         if values["steps"] is None:
-            values["steps"] = (args.resume and saved_steps(Path(args.out))) or TrainConfig().steps
+            values["steps"] = (args.resume and saved_steps(Path(args.out))) or DEFAULTS["steps"]
         if values.get("side_hint_gain") is not None and values.get("text_variant") != "side-hints":
             raise UsageError(f"--side-hint-gain {values['side_hint_gain']}: it applies only with --text-variant "
                              "side-hints (or when --grow-from adds them)")
-        defaults = TrainConfig()
         for name in GROWTH:
             if values.get(name) is None:
-                values[name] = getattr(defaults, name)
+                values[name] = DEFAULTS[name]
         if args.self_attention_levels is not None:
             values["self_attention"] = self_attention_flags(args.self_attention_levels, len(values["channels"]))
-        return TrainConfig(**values)
+        return TrainConfig.from_flat(**values)
     if args.resume:
         raise UsageError("--grow-from starts a new run folder from RUN; --resume continues --out itself: give one")
     source = Path(args.grow_from)
     check_resumable(source, flag="--grow-from")
     saved = json.loads((source / "train_config.json").read_text())
-    steps = args.steps if args.steps is not None else saved.get("steps", TrainConfig().steps)
-    cfg = resumed_config(TrainConfig(out=args.out, steps=steps, max_minutes=args.max_minutes,
-                                     data_workers=args.data_workers), saved)
+    steps = args.steps if args.steps is not None else saved.get("steps", DEFAULTS["steps"])
+    cfg = resumed_config(TrainConfig.from_flat(out=args.out, steps=steps, max_minutes=args.max_minutes,
+                                               data_workers=args.data_workers), saved)
     step = checkpoint.read_metadata(source / "checkpoint.safetensors")[0]["step"]
     if cfg.grown_from is not None and cfg.grown_from.rsplit("@", 1)[-1] == step:
         raise UsageError(f"{source} was grown from {cfg.grown_from} and has not saved a step of its own: its "
@@ -207,42 +206,44 @@ def training_config(args) -> TrainConfig:
     if changes.get("lr_schedule") not in (None, "cooldown"):  # leaving a cooldown: its steps no longer apply
         changes.setdefault("decay_start", 0)
         changes.setdefault("decay_steps", 0)
-    if changes.get("lr_schedule", cfg.lr_schedule) == "cooldown" and changes.get("decay_start", int(step)) < int(step):
+    cooldown = changes.get("lr_schedule", cfg.schedule.lr_schedule) == "cooldown"
+    if cooldown and changes.get("decay_start", int(step)) < int(step):
         raise UsageError(f"--decay-start {changes['decay_start']}: {source} is at step {step} already, so the decay "
                          f"would start part-way down; give --decay-start {step} or later")
     if args.self_attention_levels is not None:
-        flags = self_attention_flags(args.self_attention_levels, len(cfg.channels))
-        dropped = [i for i in levels(cfg.self_attention) if not flags[i]]
+        flags = self_attention_flags(args.self_attention_levels, len(cfg.model.channels))
+        dropped = [i for i in levels(cfg.model.self_attention) if not flags[i]]
         if dropped:
             raise UsageError(f"--self-attention-levels must keep the levels {source} self-attends at "
-                             f"({levels(cfg.self_attention)}); dropping level {dropped[0]} would lose trained weights")
+                             f"({levels(cfg.model.self_attention)}); dropping level {dropped[0]} would lose trained "
+                             "weights")
         changes["self_attention"] = flags
     for name in ("position_embedding", "pooled_text"):
-        if getattr(cfg, name) and changes.get(name) is False:
+        if getattr(cfg.model, name) and changes.get(name) is False:
             flag = name.replace("_", "-")
             raise UsageError(f"{source} has --{flag}; --no-{flag} would lose trained weights")
-    variant = changes.get("text_variant", cfg.text_variant)
-    if variant != cfg.text_variant and (cfg.text_variant, variant) != ("clip", "side-hints"):
-        raise UsageError(f"--text-variant {variant}: a run grown from {source} ({cfg.text_variant}) keeps its text "
-                         "side, or adds side hints to CLIP's (--text-variant side-hints); any other change would "
+    variant = changes.get("text_variant", cfg.text.text_variant)
+    if variant != cfg.text.text_variant and (cfg.text.text_variant, variant) != ("clip", "side-hints"):
+        raise UsageError(f"--text-variant {variant}: a run grown from {source} ({cfg.text.text_variant}) keeps its "
+                         "text side, or adds side hints to CLIP's (--text-variant side-hints); any other change would "
                          "not start where the run stopped")
-    gain = changes.get("side_hint_gain", cfg.side_hint_gain)
-    if gain != cfg.side_hint_gain and (variant != "side-hints" or cfg.text_variant == "side-hints"):
+    gain = changes.get("side_hint_gain", cfg.text.side_hint_gain)
+    if gain != cfg.text.side_hint_gain and (variant != "side-hints" or cfg.text.text_variant == "side-hints"):
         why = ("it applies only with --text-variant side-hints" if variant != "side-hints" else
-               f"{source} has side hints at gain {cfg.side_hint_gain}; another would change what its table adds")
+               f"{source} has side hints at gain {cfg.text.side_hint_gain}; another would change what its table adds")
         raise UsageError(f"--side-hint-gain {gain}: {why}")
-    if int(step) >= cfg.steps:
-        raise UsageError(f"--steps {cfg.steps}: {source} is at step {step} already; give --steps above it")
+    if int(step) >= cfg.schedule.steps:
+        raise UsageError(f"--steps {cfg.schedule.steps}: {source} is at step {step} already; give --steps above it")
     if args.clip is not None:
         changes["clip"] = frozen_text_side(args.clip, cfg, source, variant)
-    text_lr = changes.get("text_lr", cfg.text_lr)
-    if cfg.text_lr and not text_lr:
+    text_lr = changes.get("text_lr", cfg.text.text_lr)
+    if cfg.text.text_lr and not text_lr:
         raise UsageError(f"--text-lr 0: {source} trained its CLIP's text encoder, and a frozen one would be the "
-                         f"folder's {cfg.clip}, losing what it learned")
-    if text_lr and cfg.clip is None and args.clip is not None:
+                         f"folder's {cfg.text.clip}, losing what it learned")
+    if text_lr and cfg.text.clip is None and args.clip is not None:
         raise UsageError(f"--text-lr with --clip {args.clip}: grow {source} onto that frozen CLIP first, then grow "
                          "that run with --text-lr (the checkpoint's text weights are its source's own until then)")
-    return dataclasses.replace(cfg, **changes, grown_from=f"{source}@{step}", resume=False)
+    return cfg.replace(**changes, grown_from=f"{source}@{step}", resume=False)
 
 
 def refuse_changes_on_resume(args) -> None:
@@ -267,8 +268,8 @@ def recipe_config(args) -> TrainConfig:
         raise UsageError("--recipe with --grow-from: a recipe trains from nothing, --grow-from continues a trained "
                          "run; give one")
     args.recipe_file, values = read_recipe(args.recipe)
-    cfg = TrainConfig(**values)
-    return dataclasses.replace(cfg, **given_settings(args, cfg.channels))
+    cfg = TrainConfig.from_flat(**values)
+    return cfg.replace(**given_settings(args, cfg.model.channels))
 
 
 def frozen_text_side(clip: str, cfg: TrainConfig, source: Path, variant: str) -> str:
@@ -277,17 +278,18 @@ def frozen_text_side(clip: str, cfg: TrainConfig, source: Path, variant: str) ->
     if variant != "clip":
         raise UsageError(f"--clip with --grow-from replaces {source}'s text side; --text-variant {variant} cannot "
                          "run on a frozen CLIP")
-    if cfg.clip is not None and Path(clip).resolve() != Path(cfg.clip).resolve():
-        raise UsageError(f"{source} trained on the frozen CLIP {cfg.clip}; a second replacement is not supported")
+    if cfg.text.clip is not None and Path(clip).resolve() != Path(cfg.text.clip).resolve():
+        raise UsageError(f"{source} trained on the frozen CLIP {cfg.text.clip}; a second replacement is not "
+                         "supported")
     try:
         width = load_text_encoder(clip).config.hidden_size
         load_tokenizer(clip)
     except (OSError, ValueError) as e:
         raise UsageError(f"--clip {clip}: {e}") from e
-    if width != cfg.text_width:
+    if width != cfg.text.text_width:
         raise UsageError(f"--clip {clip} encodes text {width} wide; {source}'s U-Net reads Keys and Values from "
-                         f"{cfg.text_width}: give a CLIP of that width (scripts/train_clip.py --text-width "
-                         f"{cfg.text_width})")
+                         f"{cfg.text.text_width}: give a CLIP of that width (scripts/train_clip.py --text-width "
+                         f"{cfg.text.text_width})")
     return str(clip)
 
 
@@ -299,8 +301,8 @@ def start_grown(cfg: TrainConfig, source: Path) -> TrainConfig:
     shutil.copy2(source / "checkpoint.safetensors", out / "checkpoint.safetensors")
     if (source / "loss.csv").exists():
         shutil.copy2(source / "loss.csv", out / "loss.csv")  # trimmed to the checkpoint's step when training starts
-    (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
-    return dataclasses.replace(cfg, resume=True)
+    (out / "train_config.json").write_text(json.dumps(cfg.flat(), indent=1))
+    return cfg.replace(resume=True)
 
 
 def check_config(cfg: TrainConfig) -> None:
@@ -308,7 +310,7 @@ def check_config(cfg: TrainConfig) -> None:
     cfg.validate()
     check_out_dir(cfg.out)
     if cfg.resume:
-        check_resumable(Path(cfg.out), cfg.steps)
+        check_resumable(Path(cfg.out), cfg.schedule.steps)
 
 
 def _entries(folder: Path) -> set[Path] | None:
@@ -367,9 +369,11 @@ def _main(args) -> int:
         check_config(cfg)
         if cfg.resume:
             refuse_changes_on_resume(args)
-        if "key_margin" in args.given and not cfg.key_separation_weight and cfg.key_margin != TrainConfig.key_margin:
+        losses = cfg.losses
+        unused = not losses.key_separation_weight and losses.key_margin != DEFAULTS["key_margin"]
+        if "key_margin" in args.given and unused:
             # (a recipe's weight of 0 with the default margin is fine: only a margin asked for and unused is refused)
-            raise UsageError(f"--key-margin {cfg.key_margin} applies only with a --key-separation-weight above 0 "
+            raise UsageError(f"--key-margin {losses.key_margin} applies only with a --key-separation-weight above 0 "
                              "(the margin is where that loss starts pushing two colour words' Keys apart)")
     except (ValueError, OSError, UsageError) as e:
         return usage_error(e)
@@ -396,14 +400,16 @@ def _train(args, cfg: TrainConfig) -> int:
     try:
         if args.grow_from is not None:
             cfg = start_grown(cfg, Path(args.grow_from))
-        trainer = Trainer(cfg)
+        # the measurements taken while it trains, by the run's settings (a resumed run's are its folder's)
+        settings = resumed_config(cfg, saved_config(out)) if cfg.resume else cfg
+        trainer = Trainer(cfg, callbacks=layout_log(settings.run))
         main_process = trainer.accelerator.is_main_process
         if args.recipe is not None and main_process:  # the file as written, its comments saying why
             shutil.copy(args.recipe_file, out / "recipe.toml")
         if trainer.accelerator.num_processes > 1 and main_process:
             accelerator = trainer.accelerator
             print(f"training on {accelerator.num_processes} processes ({accelerator.device.type}), each on its share "
-                  f"of every batch of {trainer.cfg.batch_size}")
+                  f"of every batch of {trainer.cfg.optimizer.batch_size}")
     except (ValueError, OSError, KeyError, RuntimeError) as e:  # RuntimeError: weights of another shape
         remove_new(out, before)
         return usage_error(e)
@@ -416,7 +422,7 @@ def _train(args, cfg: TrainConfig) -> int:
         if trainer.saved_step is None:  # stopped before the loop began: nothing to resume from
             remove_new(out, before)
             return interrupted(e, "nothing was written")
-        if trainer.saved_step >= trainer.cfg.steps:
+        if trainer.saved_step >= trainer.cfg.schedule.steps:
             return interrupted(e, finish_left(trainer))
         return interrupted(e, f"checkpoint saved at step {trainer.saved_step} in {trainer.ckpt_path}; --resume "
                               "continues")
@@ -443,8 +449,8 @@ def _train(args, cfg: TrainConfig) -> int:
     if trainer.writes_pipeline:
         print(f"done: pipeline saved to {trainer.out / 'pipeline'}")
     else:
-        print(f"done: checkpoint of step {trainer.step} in {trainer.ckpt_path} (a {trainer.cfg.text_variant} text "
-              "side is not a diffusers part, so no pipeline folder is written; evaluate it with "
+        print(f"done: checkpoint of step {trainer.step} in {trainer.ckpt_path} (a {trainer.cfg.text.text_variant} "
+              "text side is not a diffusers part, so no pipeline folder is written; evaluate it with "
               f"scripts/evaluate.py --model {trainer.out})")
     return 0
 
@@ -457,7 +463,8 @@ def finish_left(trainer: Trainer) -> str:
                 f"{', pipeline ' + str(out / 'pipeline') if trainer.writes_pipeline else ''})"
                 f"{'' if (out / 'loss_curve.png').is_file() else '; only loss_curve.png was not drawn'}")
     return (f"trained to step {trainer.saved_step} (checkpoint {trainer.ckpt_path}), but the pipeline was not "
-            f"written; `python scripts/train.py --out {out} --resume --steps {trainer.cfg.steps}` writes it")
+            f"written; `python scripts/train.py --out {out} --resume --steps {trainer.cfg.schedule.steps}` writes "
+            "it")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -209,7 +209,7 @@ def previous_architecture(pipe):
 
     from unet.pipeline import ScenePipeline
     from unet.train import TrainConfig, build_components
-    cfg = TrainConfig(channels=(32, 64, 128), text_width=64, text_layers=2)
+    cfg = TrainConfig.from_flat(channels=(32, 64, 128), text_width=64, text_layers=2)
     tokenizer, text, unet = build_components(cfg, Path(tempfile.mkdtemp(prefix="previous_")))
     return ScenePipeline(unet=unet.eval(), text_encoder=text.eval(), tokenizer=tokenizer, scheduler=pipe.scheduler)
 

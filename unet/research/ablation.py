@@ -11,13 +11,13 @@ quick evaluation and seeds). Writes OUT/ablation.json.
 import argparse
 import json
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from unet.cli import UsageError, check_guidance, usage_error
 from unet.eval.evaluate import run_evaluation
+from unet.eval.layout_log import layout_log
 from unet.eval.scaling import scaling_row, wall_minutes
 from unet.train import TrainConfig, Trainer
 
@@ -41,20 +41,22 @@ def main(argv=None) -> int:
     if not config.exists():
         return usage_error(f"{config} does not exist")
     saved = json.loads(config.read_text())
-    known = {f.name for f in fields(TrainConfig)}
+    known = TrainConfig().flat()
     values = {k: tuple(v) if isinstance(v, list) and k != "sample_prompts" else v for k, v in saved.items()
               if k in known}
     values.update(out=args.out, steps=args.steps, text_variant=args.variant, snapshot_every=0, max_minutes=0.0,
                   resume=args.resume)
     try:
-        trainer = Trainer(TrainConfig(**values))
+        cfg = TrainConfig.from_flat(**values)
+        trainer = Trainer(cfg, callbacks=layout_log(cfg.run))
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         return usage_error(e)
     trainer.train(progress=False)
     torch.manual_seed(0)
     report = run_evaluation(trainer.pipeline(), seeds=args.seeds, quick=True, dataset_images=32, progress=False,
                             guidance=args.guidance)[0]
-    row = scaling_row(trainer.step, trainer.cfg.batch_size, wall_minutes(Path(args.out), trainer.step), report)
+    minutes = wall_minutes(Path(args.out), trainer.step)
+    row = scaling_row(trainer.step, trainer.cfg.optimizer.batch_size, minutes, report)
     row["variant"] = args.variant
     (Path(args.out) / "ablation.json").write_text(json.dumps(row, indent=1))
     print(json.dumps(row))

@@ -12,7 +12,6 @@ in ms a step and as a share of the step's wall time.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 import time
@@ -22,7 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from unet.cli import UsageError, interrupted, sigterm_as_interrupt, usage_error
 from unet.recipe_file import read_recipe
-from unet.train import PRECISIONS, TrainConfig, Trainer
+from unet.train import Trainer
+from unet.train_config import PRECISIONS, TrainConfig
 
 PHASES = ("data", "text encoder", "U-Net", "attention losses", "backward", "optimizer", "EMA")
 
@@ -41,8 +41,8 @@ def parse_args(argv=None):
 def step_profile(cfg: TrainConfig, steps: int, warmup: int, top: int) -> str:
     """The markdown tables of `steps` training steps of `cfg` (trained in a temporary folder)."""
     with tempfile.TemporaryDirectory(prefix="profile-") as folder:
-        cfg = dataclasses.replace(cfg, out=folder, steps=warmup + steps, sample_every=10**9,
-                                  checkpoint_every=10**9, snapshot_every=0, layout_every=0)
+        cfg = cfg.replace(out=folder, steps=warmup + steps, sample_every=10**9, checkpoint_every=10**9,
+                          snapshot_every=0, layout_every=0)
         trainer = Trainer(cfg)
         for _ in range(warmup):
             trainer.train_step()
@@ -53,8 +53,9 @@ def step_profile(cfg: TrainConfig, steps: int, warmup: int, top: int) -> str:
             wall_ms = 1000 * (time.perf_counter() - start) / steps
     events = prof.key_averages()
     per_step = {e.key: e.cpu_time_total / 1000 / steps for e in events}  # ms, inclusive of what each phase calls
-    lines = [f"{steps} steps at batch {cfg.batch_size}, {cfg.precision}, {torch.get_num_threads()} thread(s): "
-             f"{wall_ms:.0f} ms a step", "", "| phase | ms a step | share |", "|---|---|---|"]
+    settings = cfg.optimizer
+    lines = [f"{steps} steps at batch {settings.batch_size}, {settings.precision}, {torch.get_num_threads()} "
+             f"thread(s): {wall_ms:.0f} ms a step", "", "| phase | ms a step | share |", "|---|---|---|"]
     phased = 0.0
     for name in PHASES:
         ms = per_step.get(name, 0.0)
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
             _, values = read_recipe(args.recipe)
             overrides = {k: v for k, v in (("precision", args.precision), ("batch_size", args.batch_size))
                          if v is not None}
-            cfg = dataclasses.replace(TrainConfig(**values), **overrides)
+            cfg = TrainConfig.from_flat(**{**values, **overrides})
             cfg.validate()
         except (ValueError, UsageError) as e:
             return usage_error(e)
