@@ -58,3 +58,15 @@ def tiny_pipeline_dir(tmp_path_factory):
 def tiny_pipeline(tiny_pipeline_dir):
     from unet.pipeline import load_pipeline
     return load_pipeline(tiny_pipeline_dir)
+
+
+TINY_64 = Path(__file__).resolve().parent / "data" / "tiny-recipe-64.toml"
+
+
+@pytest.fixture(scope="session")
+def tiny64_run(tmp_path_factory) -> Path:
+    """A tiny scenes-64 run folder trained from nothing by the one command (4 steps), with its pipeline."""
+    from unet.cli.train import main as train_main
+    run = tmp_path_factory.mktemp("tiny64") / "run"
+    assert train_main(["--recipe", str(TINY_64), "--out", str(run), "--quiet"]) == 0
+    return run

@@ -11,20 +11,14 @@ from test_bad_input import one_line_error
 
 from unet.cli import explain as explain_script
 from unet.cli import generate as generate_script
-from unet.cli import train as train_script
 from unet.control import object_words
 from unet.pipeline import SHAPE_WORDS, load_pipeline, shape_words
 from unet.research import diagnose as diagnose_script
 
-TINY_64 = Path(__file__).resolve().parent / "data" / "tiny-recipe-64.toml"
 
-
-@pytest.fixture(scope="module")
-def tiny64_pipeline_dir(tmp_path_factory) -> Path:
-    """The pipeline of a tiny scenes-64 run trained from nothing by the one command (4 steps)."""
-    run = tmp_path_factory.mktemp("tiny64") / "run"
-    assert train_script.main(["--recipe", str(TINY_64), "--out", str(run), "--quiet"]) == 0
-    return run / "pipeline"
+@pytest.fixture
+def tiny64_pipeline_dir(tiny64_run) -> Path:
+    return tiny64_run / "pipeline"
 
 
 def test_each_world_has_its_shape_words(tiny64_pipeline_dir, tiny_pipeline):

@@ -25,14 +25,6 @@ from unet.world import CAPTION_TOKENS, LONGEST_CAPTION, NUMERALS, known_words, p
 TINY_64 = Path(__file__).resolve().parent / "data" / "tiny-recipe-64.toml"
 
 
-@pytest.fixture(scope="session")
-def tiny64_run(tmp_path_factory) -> Path:
-    """A tiny scenes-64 run folder trained from nothing by the one command (4 steps), with its pipeline."""
-    run = tmp_path_factory.mktemp("tiny64") / "run"
-    assert train_script.main(["--recipe", str(TINY_64), "--out", str(run), "--quiet"]) == 0
-    return run
-
-
 @pytest.fixture
 def tiny64_config(tmp_path) -> TrainConfig:
     _, values = read_recipe(TINY_64)
