@@ -552,11 +552,13 @@ class Trainer:
         of the step before, and the checkpoint on disk is never replaced by a damaged one.
         """
         cfg = self.cfg
-        trim_log(self.out / "loss.csv", self.step)
-        if self.accelerator.is_main_process:
+        main = self.accelerator.is_main_process
+        if main:
+            trim_log(self.out / "loss.csv", self.step)
             for callback in self.callbacks:
                 callback.on_train_begin(self)
-        log = open(self.out / "loss.csv", "a", newline="")  # noqa: SIM115 -- closed in the finally below
+        # one writer: a second process appending to (or trimming) the same file would log each step twice
+        log = open(self.out / "loss.csv" if main else os.devnull, "a", newline="")  # noqa: SIM115 -- closed below
         writer = csv.writer(log)
         losses = []
         bar = tqdm(total=cfg.schedule.steps, initial=self.step,
