@@ -59,3 +59,24 @@ def test_diagnose_refuses_a_64_model(tiny64_pipeline_dir, tmp_path, capsys):
     err = capsys.readouterr().err  # after the loading bars, one error line
     assert rc == 2 and "error: diagnose measures scenes-32's prompts" in err and "model of world scenes-64" in err
     assert "Traceback" not in err and not list((tmp_path / "d").glob("*.json"))
+
+
+def test_sample_grid_draws_the_prompts_each_model_was_watched_learning(tiny64_pipeline_dir, tmp_path):
+    """The grid's default prompts are the model's own run's sample prompts; a folder without a run config (as the
+    shipped scenes-32) takes its world's recipe's, so a scenes-64 model is never shown scenes-32's four colours."""
+    import shutil
+
+    from unet.cli.sample_grid import training_sample_prompts
+    from unet.recipe_file import read_recipe
+    from unet.train_config import RunConfig
+
+    assert training_sample_prompts(load_pipeline(tiny64_pipeline_dir, show_progress=False)) == [
+        "three green diamonds"]  # tests/data/tiny-recipe-64.toml's
+    bare = tmp_path / "bare64"
+    shutil.copytree(tiny64_pipeline_dir, bare)
+    saved = json.loads((bare / "train_config.json").read_text())
+    saved.pop("sample_prompts")  # still names its world
+    (bare / "train_config.json").write_text(json.dumps(saved))
+    prompts = training_sample_prompts(load_pipeline(bare, show_progress=False))
+    assert prompts == read_recipe("scenes-64")[1]["sample_prompts"] and "three green diamonds" in prompts
+    assert training_sample_prompts(load_pipeline("scenes-32", show_progress=False)) == RunConfig().sample_prompts

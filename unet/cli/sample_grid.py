@@ -1,10 +1,12 @@
-"""A grid of samples: one row per seed, one column per prompt (the training samples' prompts by default).
+"""A grid of samples: one row per seed, one column per prompt (by default the prompts the model was watched learning
+with: its run's sample prompts, or those of its world's recipe).
 
     python scripts/sample_grid.py --out outputs/examples/training/samples_shipped.png
     python scripts/sample_grid.py --model runs/v1/pipeline --guidance 4 --out grid.png
 """
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -17,12 +19,14 @@ from crossattn.overlay import to_uint8
 from unet.cli import UsageError, add_model_argument, check_guidance, usage_error
 from unet.folders import write_failed
 from unet.pipeline import load_pipeline
+from unet.recipe_file import RecipeError, read_recipe
 from unet.train_config import RunConfig
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompts", nargs="*", help="prompts (default: the eight training sample prompts)")
+    p.add_argument("prompts", nargs="*", help="prompts (default: the sample prompts of the model's training run, "
+                   "or of its world's recipe)")
     add_model_argument(p)
     p.add_argument("--seeds", type=int, default=4, help="rows (default 4)")
     p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's own)")
@@ -45,7 +49,7 @@ def main(argv=None) -> int:
         pipe = load_pipeline(args.model)
     except UsageError as e:
         return usage_error(e)
-    prompts = args.prompts or RunConfig().sample_prompts
+    prompts = args.prompts or training_sample_prompts(pipe)
     rows = []
     for seed in range(args.seeds):
         images = pipe(prompts, num_inference_steps=args.steps, guidance_scale=args.guidance, output_type="np",
@@ -66,6 +70,26 @@ def main(argv=None) -> int:
         raise
     print(out)
     return 0
+
+
+def training_sample_prompts(pipe) -> list[str]:
+    """The prompts `pipe` was sampled with while it trained: its run's (the pipeline folder's train_config.json),
+    else its world's recipe's (the shipped scenes-32 folder carries no config), else scenes-32's."""
+    config = Path(pipe.name_or_path) / "train_config.json"
+    if config.is_file():
+        saved = json.loads(config.read_text())  # load_pipeline has read it already: valid JSON
+        if isinstance(saved, dict) and saved.get("sample_prompts"):
+            return list(saved["sample_prompts"])
+    world = getattr(pipe, "world", None)
+    if world is not None:
+        try:
+            _, settings = read_recipe(world)  # recipes/<world>.toml, its settings by flat name
+        except RecipeError:  # the package without the repository's recipes folder
+            pass
+        else:
+            if settings.get("sample_prompts"):
+                return list(settings["sample_prompts"])
+    return RunConfig().sample_prompts
 
 
 if __name__ == "__main__":
