@@ -239,7 +239,7 @@ def test_resume_refuses_a_checkpoint_of_another_architecture(trained_run, tmp_pa
 def test_side_hints_grow_at_identity_then_learn_the_sides(trained_run, tmp_path):
     """--text-variant side-hints: the trained CLIP weights load under their own names, the side embedding
     starts at zero (the text encoder computes what it computed), then learns a vector for each side seen."""
-    from unet.text_variants import SIDE_IDS, SideHints
+    from unet.research.text_variants import SIDE_IDS, SideHints
     source = Trainer(tiny_config(trained_run, resume=True, steps=4))
     args = train_script.parse_args(["--out", str(tmp_path / "hints"), "--grow-from", str(trained_run),
                                     "--text-variant", "side-hints", "--steps", "6", "--quiet"])
@@ -336,7 +336,7 @@ def test_fresh_seeds_score_prompt_following_alone_on_noise_the_report_never_uses
 def test_a_folder_just_grown_evaluates_before_its_first_save(trained_run, tmp_path):
     """Until it saves, a --grow-from folder holds its source's checkpoint: the run's pipeline grows it as
     training would (side hints at zero), instead of failing on the weights the source never had."""
-    from unet.text_variants import SideHints
+    from unet.research.text_variants import SideHints
     from unet.train import run_pipeline
     args = train_script.parse_args(["--out", str(tmp_path / "hints"), "--grow-from", str(trained_run),
                                     "--text-variant", "side-hints", "--side-hint-gain", "4", "--steps", "6"])

@@ -166,7 +166,7 @@ def test_wall_minutes_adds_resumed_sessions(tmp_path):
 def test_ablation_text_sides(tmp_path):
     """The oracle resolves each object's side from the relation; the bidirectional encoder lets the first
     object's tokens see what follows, which CLIP's causal mask forbids."""
-    from unet.text_variants import SIDE_IDS, BidirectionalText, token_roles
+    from unet.research.text_variants import SIDE_IDS, BidirectionalText, token_roles
     from unet.train import build_components
     roles = token_roles("a red circle right of a blue square".split())
     assert roles[1] == (1, SIDE_IDS["right"]) and roles[7] == (2, SIDE_IDS["left"]) and roles[3] == (0, 0)

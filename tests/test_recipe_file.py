@@ -66,6 +66,21 @@ def test_a_resolved_recipe_reads_back_to_the_same_config(tmp_path):
     assert TrainConfig.from_flat(**{**again, "out": cfg.out}) == cfg
 
 
+def test_an_older_resolved_recipe_still_reads_without_its_retired_settings(tmp_path):
+    """A run's recipe.resolved.toml from before the overlap loss and logit-normal left the code spells them out at
+    the values that changed nothing: it reads as the same recipe. One that used them names the commit that has them."""
+    _, values = read_recipe("scenes-32")
+    old = dump_recipe(TrainConfig.from_flat(**values), "").replace(
+        "[losses]\n", "[losses]\noverlap_weight = 0.0\n").replace("[diffusion]\n", "[diffusion]\nlogit_mean = 1.0\n")
+    path = tmp_path / "old.toml"
+    path.write_text(old)
+    assert TrainConfig.from_flat(**read_recipe(path)[1]) == TrainConfig.from_flat(**values)
+    path.write_text(old.replace("overlap_weight = 0.0", "overlap_weight = 0.1"))
+    with pytest.raises(RecipeError) as e:
+        read_recipe(path)
+    assert "overlap_weight 0.1" in str(e.value) and "after commit" in str(e.value) and str(path) in str(e.value)
+
+
 @pytest.mark.parametrize("text, message", [
     ("[model]\nsize = 16\n[optimiser]\nlr = 1e-3\n", "unknown section or key 'optimiser'"),
     ("[model]\nlr = 1e-3\n", "unknown key 'lr' in [model]; it belongs in [optimizer]"),

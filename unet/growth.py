@@ -2,7 +2,8 @@
 trained model so that it still computes what it did, with everything else carried over by name.
 
 `train.py --grow-from RUN` continues RUN in a new folder this way: the same step, batches and random streams,
-so the grown run pairs step for step with the one it came from.
+so the grown run pairs step for step with the one it came from. `--grow-from` is a research tool (the levers were
+measured with it): no recipe grows a run.
 """
 
 from __future__ import annotations

@@ -294,7 +294,7 @@ class ScenePipeline(DiffusionPipeline):
         with), for diagnostics that keep some words from reading others."""
         ids = self.tokenizer(prompts, padding="max_length", max_length=self.tokenizer.model_max_length,
                              truncation=True, return_tensors="pt").input_ids.to(self.device)
-        if attention_mask is None:  # ablation text sides (unet/text_variants.py) take the ids alone
+        if attention_mask is None:  # ablation text sides (unet/research/text_variants.py) take the ids alone
             return self.text_encoder(ids).last_hidden_state
         mask = attention_mask.to(self.device, self.text_encoder.dtype)  # (B, 1, T, T), added to the scores
         return self.text_encoder(ids, attention_mask=mask).last_hidden_state

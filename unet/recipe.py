@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler
-from diffusers.training_utils import compute_density_for_timestep_sampling
 
 from crossattn.attention import CrossAttention
 from crossattn.capture import layer_hw
@@ -26,7 +25,7 @@ from .data import COLORS
 if TYPE_CHECKING:  # train_config reads this module's LR_SCHEDULES and TIMESTEP_SAMPLING
     from .train_config import DiffusionConfig, OptimizerConfig, ScheduleConfig
 
-TIMESTEP_SAMPLING = ("uniform", "layout-share", "logit-normal")
+TIMESTEP_SAMPLING = ("uniform", "layout-share")
 LR_SCHEDULES = ("constant", "cosine", "cooldown")  # see lr_at
 
 
@@ -57,10 +56,6 @@ def sample_timesteps(diffusion: DiffusionConfig, batch_size: int, num_train_time
         low = T - max(1, round(diffusion.layout_fraction * T))
         top = torch.randint(low, T, (batch_size,), generator=generator)
         t = torch.where(torch.rand(batch_size, generator=generator) < diffusion.layout_share, top, t)
-    elif diffusion.timestep_sampling == "logit-normal":
-        u = compute_density_for_timestep_sampling("logit_normal", batch_size, logit_mean=diffusion.logit_mean,
-                                                  logit_std=diffusion.logit_std, generator=generator)
-        t = (u * T).long().clamp(max=T - 1)
     return t
 
 
@@ -191,37 +186,6 @@ def pixel_grounding_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> to
         read = (a @ same).clamp(0, 1)  # (B, N, T): each query's attention on all words of token t's object
         bce = F.binary_cross_entropy(read, m, reduction="none").mean(1)  # (B, T)
         per_layer.append(bce[named].mean() if named.any() else a.sum() * 0)
-    return torch.stack(per_layer).mean()
-
-
-def map_overlap(read_a: torch.Tensor, read_b: torch.Tensor) -> torch.Tensor:
-    """Histogram intersection of two attention maps (..., N): each normalised over its N pixels, the sum of the
-    smaller share at every pixel; 1 for one map, 0 for maps on different pixels."""
-    a = read_a / read_a.sum(-1, keepdim=True).clamp_min(1e-12)
-    b = read_b / read_b.sum(-1, keepdim=True).clamp_min(1e-12)
-    return torch.minimum(a, b).sum(-1)
-
-
-def object_overlap_loss(weights: list[torch.Tensor], masks: torch.Tensor) -> torch.Tensor:
-    """How much two objects' attention maps overlap: for every two tokens that name different objects of a caption,
-    the `map_overlap` of the maps of their objects' words. Averaged over those pairs, then over layers.
-
-    Unlike the token and pixel losses it asks nothing of where the objects are, only that they be in different
-    places, so it also teaches the noisiest steps, where the input does not show the objects yet: in the misses that
-    draw one shape twice, the two shape words' maps stay on the same pixels through the first sampling steps while
-    a right image's pull apart by the second or third (docs/experiments/why-the-second-object-goes-missing.md).
-
-    weights: each layer's (B, heads, N, T); masks: `word_masks`' (B, T, H, W), only to tell which tokens name the
-    same object and which name different ones."""
-    named = masks.flatten(2).sum(-1) > 0  # (B, T)
-    same = same_object(masks)  # (B, T, T)
-    different = named[:, :, None] & named[:, None] & ~same  # (B, T, T)
-    b, s, t = different.nonzero(as_tuple=True)  # (P,) each: the pairs, not all T x T
-    per_layer = []
-    for w in weights:
-        read = w.mean(1) @ same.float()  # (B, N, T): each query's attention on all words of token t's object
-        overlap = map_overlap(read[b, :, s], read[b, :, t])  # (P,)
-        per_layer.append(overlap.mean() if len(b) else w.sum() * 0)
     return torch.stack(per_layer).mean()
 
 

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from .train_config import CALL_ONLY, GROUPS, TrainConfig, flat_names
+from .train_config import CALL_ONLY, GROUPS, RETIRED, TrainConfig, flat_names, without_retired
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -66,7 +66,7 @@ def read_recipe(recipe: str | Path) -> tuple[Path, dict]:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise RecipeError(f"recipe {path}: not a readable TOML file: {e}") from e
     defaults = TrainConfig().flat()
-    values = {}
+    values, retired = {}, {}
     for section, entries in table.items():
         if section in TOP_LEVEL:
             if not isinstance(entries, str):
@@ -78,12 +78,19 @@ def read_recipe(recipe: str | Path) -> tuple[Path, dict]:
         if not isinstance(entries, dict):
             raise RecipeError(f"recipe {path}: {section} must be a section ([{section}]), not a value")
         for key, value in entries.items():
+            if key in RETIRED:  # an older run's resolved recipe spells out the settings since taken out
+                retired[key] = value
+                continue
             if key not in SECTIONS[section]:
                 home = next((s for s, keys in SECTIONS.items() if key in keys), None)
                 where = (f"it belongs in [{home}]" if home else "it is a setting of one call (a flag)"
                          if key in CALL_ONLY else f"[{section}] accepts {', '.join(SECTIONS[section])}")
                 raise RecipeError(f"recipe {path}: unknown key {key!r} in [{section}]; {where}")
             values[key] = _typed(path, section, key, value, defaults[key])
+    try:
+        without_retired({**retired, "timestep_sampling": values.get("timestep_sampling")})
+    except ValueError as e:
+        raise RecipeError(f"recipe {path}: {e}") from e
     return path, values
 
 

@@ -45,7 +45,6 @@ from .recipe import (
     key_separation_loss,
     lr_at,
     noise_scheduler,
-    object_overlap_loss,
     pixel_grounding_loss,
     sample_timesteps,
     word_masks,
@@ -53,8 +52,7 @@ from .recipe import (
 from .recipe_file import dump_recipe
 from .scenes64 import Scenes64Sampler
 from .signals import DeferredSignals
-from .text_variants import text_side
-from .train_config import TrainConfig
+from .train_config import TrainConfig, without_retired
 from .world import COLORS as COLORS_64
 from .world import known_words
 
@@ -128,8 +126,8 @@ def _json_step(line: str) -> int | None:
 def resumed_config(cfg: TrainConfig, saved: dict) -> TrainConfig:
     """The config a `--resume` of `cfg` trains with: the run's saved config (train_config.json), with this
     call's folder, length, time limit and data workers; settings older runs do not name get the old recipe's
-    values."""
-    saved = dict(saved)
+    values, and those of studies since taken out of the code are dropped or refused (`without_retired`)."""
+    saved = without_retired(saved)
     # a resumed run may go longer, continue a copied run folder, or run on another machine
     saved.update(out=cfg.out, steps=cfg.schedule.steps, resume=True, max_minutes=cfg.max_minutes,
                  data_workers=cfg.data_workers)
@@ -154,7 +152,10 @@ def build_components(cfg: TrainConfig, folder: Path, tokenizer=None):
     unet = UNet(sample_size=model.size, channels=tuple(model.channels), cross_attention=tuple(model.cross_attention),
                 self_attention=tuple(model.self_attention), context_dim=text_encoder.config.hidden_size,
                 heads=model.heads, position_embedding=model.position_embedding, pooled_text=model.pooled_text)
-    return tokenizer, text_side(text.text_variant, tokenizer, text_encoder, text.side_hint_gain), unet
+    if text.text_variant != "clip":  # an ablation: study code (unet/research/), imported only by runs that train one
+        from .research.text_variants import text_side
+        text_encoder = text_side(text.text_variant, tokenizer, text_encoder, text.side_hint_gain)
+    return tokenizer, text_encoder, unet
 
 
 def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.optim.Optimizer, list[str]]:
@@ -476,8 +477,7 @@ class Trainer:
                 return loss
             masks = masks.to(device)
             return (loss + self.cfg.losses.grounding_weight * grounding_loss(weights, masks)
-                    + self.cfg.losses.pixel_grounding_weight * pixel_grounding_loss(weights, masks)
-                    + self.cfg.losses.overlap_weight * object_overlap_loss(weights, masks))
+                    + self.cfg.losses.pixel_grounding_weight * pixel_grounding_loss(weights, masks))
 
     def autocast(self):
         """The forward passes' precision: bfloat16 autocast for `precision` "bf16", else nothing changes."""

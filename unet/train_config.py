@@ -12,7 +12,8 @@ fields are named otherwise inside their group, where the section's name would re
 `OptimizerConfig.algorithm` and [data] data is `DataConfig.folder` (`field(metadata={"flat": ...})`).
 
 Run folders keep their settings flat (train_config.json, the same keys as ever), so every run and pipeline folder
-written before these groups existed still resumes and loads.
+written before these groups existed still resumes and loads. Two studies' settings that never served a shipped model
+have left the code (`RETIRED`); a folder that names them at the values that changed nothing loads as before.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from pathlib import Path
 from .data import check_and_order
 from .pipeline import WORLDS, check_seed
 from .recipe import LR_SCHEDULES, TIMESTEP_SAMPLING
-from .text_variants import TEXT_VARIANTS
 from .world import CAPTION_TOKENS, IMAGE_SIZE, LONGEST_CAPTION
 
 # Training derives torch seeds from its seed (seed + step, seed * 100003 + epoch), and torch's must fit in
@@ -86,11 +86,15 @@ class TextConfig:
     # with clip: > 0 trains that CLIP's text encoder with the U-Net, at this peak rate (same warm-up and schedule),
     # so a text side pretrained to keep its words apart can still learn which colour goes with which shape
     text_lr: float = 0.0
-    text_variant: str = "clip"  # ablations only (unet/text_variants.py): "bidirectional", "oracle", "side-hints"
+    # The text-side studies' settings, not a recipe's: "clip" is what ships; "bidirectional", "oracle" and
+    # "side-hints" are ablations (unet/research/text_variants.py) trained by scripts/ablation.py and --grow-from
+    text_variant: str = "clip"
     side_hint_gain: float = 1.0  # side-hints: the table's output is gain x its weights, so it learns gain x faster
 
     def check(self) -> None:
-        check_one_of("text_variant", self.text_variant, TEXT_VARIANTS)
+        if self.text_variant != "clip":  # the ablations' names live with their code, which only a study imports
+            from .research.text_variants import TEXT_VARIANTS
+            check_one_of("text_variant", self.text_variant, TEXT_VARIANTS)
         if self.clip is not None and not Path(self.clip).is_dir():
             raise FileNotFoundError(f"CLIP folder {self.clip} does not exist")
         if not (math.isfinite(self.text_lr) and self.text_lr >= 0):
@@ -162,11 +166,9 @@ class DiffusionConfig:
     min_snr_gamma: float = 5.0  # weight min(snr + 1, gamma) / (snr + 1) for v, min(snr, gamma) / snr for eps; 0: none
     # Which t each training image is noised to (`sample_timesteps`). Layout is decided only at the noisiest steps
     # (below t ~ 900 the noisy image already shows where each object is), which uniform t visits 10 % of the time.
-    timestep_sampling: str = "uniform"  # or "layout-share" or "logit-normal"
+    timestep_sampling: str = "uniform"  # or "layout-share"
     layout_share: float = 0.5  # layout-share: this share of t is drawn from the top `layout_fraction` of the schedule
     layout_fraction: float = 0.1  # the top tenth of 1000 steps: t in [900, 999]
-    logit_mean: float = 1.0  # logit-normal (SD3 section 3.1): t / T = sigmoid(N(mean, std)); mean > 0 leans to noise
-    logit_std: float = 1.0
 
     def check(self) -> None:
         if self.prediction_type not in ("epsilon", "v_prediction"):
@@ -179,9 +181,6 @@ class DiffusionConfig:
         for name in ("layout_share", "layout_fraction"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{_flag(name)} must be in (0, 1], got {getattr(self, name)}")
-        if not (math.isfinite(self.logit_mean) and math.isfinite(self.logit_std) and self.logit_std > 0):
-            raise ValueError(f"--logit-mean must be finite and --logit-std finite and > 0, got {self.logit_mean} "
-                             f"and {self.logit_std}")
 
 
 @dataclass
@@ -193,16 +192,13 @@ class LossConfig:
     # > 0: add this times the pixel loss (recipe.pixel_grounding_loss, TokenCompose's): each pixel reads the words of
     # its own object and no other object's (fresh scenes only, like the token loss above)
     pixel_grounding_weight: float = 0.0
-    # > 0: add this times recipe.object_overlap_loss: two objects' words attend to different pixels, at every noise
-    # level (fresh scenes only; the masks only say which words name which object)
-    overlap_weight: float = 0.0
     # > 0: add this times recipe.key_separation_loss: in every cross-attention layer, a caption's two different colour
     # words are pushed apart where their Keys' cosine is above key_margin (the evaluation's target is 0.5)
     key_separation_weight: float = 0.0
     key_margin: float = 0.3
 
     def check(self) -> None:
-        for name in ("grounding_weight", "pixel_grounding_weight", "overlap_weight", "key_separation_weight"):
+        for name in ("grounding_weight", "pixel_grounding_weight", "key_separation_weight"):
             weight = getattr(self, name)
             if not (math.isfinite(weight) and weight >= 0):
                 raise ValueError(f"{_flag(name)} must be a finite number >= 0 (0: none), got {weight}")
@@ -212,8 +208,7 @@ class LossConfig:
     @property
     def grounded(self) -> tuple[str, ...]:
         """The terms on that train on the drawn scenes' object masks (the key term needs none)."""
-        return tuple(name for name in ("grounding_weight", "pixel_grounding_weight", "overlap_weight")
-                     if getattr(self, name))
+        return tuple(name for name in ("grounding_weight", "pixel_grounding_weight") if getattr(self, name))
 
 
 @dataclass
@@ -403,3 +398,29 @@ class TrainConfig:
 
 # the settings of one call (TrainConfig's fields that are not a group), never in a recipe
 CALL_ONLY = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in GROUPS)
+
+
+# The settings of two studies that did not ship, taken out of the code after commit RETIRED_AFTER (which still has
+# them); their pages say what each measured. Run folders written before name them in train_config.json.
+RETIRED_AFTER = "18e1cfd"
+OVERLAP_LOSS = ("the overlap loss", "docs/experiments/why-the-second-object-goes-missing.md")
+LOGIT_NORMAL = ("logit-normal timestep sampling", "docs/experiments/training-where-layout-is-decided.md")
+RETIRED = {"overlap_weight": (0.0, OVERLAP_LOSS), "logit_mean": (1.0, LOGIT_NORMAL),
+           "logit_std": (1.0, LOGIT_NORMAL)}  # {flat name: (the value at which it changed nothing, its study)}
+
+
+def without_retired(saved: dict) -> dict:
+    """A run folder's flat settings (train_config.json) without the `RETIRED` ones, each at the value at which it
+    changed nothing: the run loads and resumes as before. A run that trained with a retired setting (any other
+    value, or timestep_sampling "logit-normal") needs the code of RETIRED_AFTER: ValueError naming the setting,
+    that commit and what to do."""
+    used = [(f"{name} {value}", RETIRED[name][1]) for name, value in saved.items()
+            if name in RETIRED and value != RETIRED[name][0]]
+    if saved.get("timestep_sampling") == "logit-normal":
+        used.insert(0, ("timestep_sampling logit-normal", LOGIT_NORMAL))
+    if used:
+        setting, (what, study) = used[0]
+        raise ValueError(f"{setting}: this run trained with {what}, a study's code taken out after commit "
+                         f"{RETIRED_AFTER} ({study}); resume or load it in a checkout of that commit "
+                         f"(git worktree add ../crossattn-{RETIRED_AFTER} {RETIRED_AFTER})")
+    return {name: value for name, value in saved.items() if name not in RETIRED}

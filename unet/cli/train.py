@@ -7,11 +7,12 @@
     python scripts/train.py --make-data data/scenes --num-samples 30000 # write a dataset folder
     python scripts/train.py --grow-from runs/v1 --out runs/v1-pos --position-embedding --steps 16600
 
---grow-from continues a trained run in a new folder (the old one is only read) with parts added that
-start at identity -- position embeddings, pooled text, self-attention at more levels, side hints on the
-text (`--text-variant side-hints`, an ablation: unet/text_variants.py) -- or another data mix: the same step,
-batches, optimizer moments and random streams, so it pairs step for step with the run it came from.
-That is how the levers are measured on a trained model (docs/experiments/levers-grown-from-the-trained-model.md).
+--grow-from, a research tool (no recipe needs it), continues a trained run in a new folder (the old one is only
+read) with parts added that start at identity -- position embeddings, pooled text, self-attention at more levels,
+side hints on the text (`--text-variant side-hints`, a study's ablation: unet/research/text_variants.py) -- or
+another data mix: the same step, batches, optimizer moments and random streams, so it pairs step for step with the
+run it came from. That is how the levers are measured on a trained model
+(docs/experiments/levers-grown-from-the-trained-model.md).
 """
 
 import argparse
@@ -36,8 +37,8 @@ SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learni
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
 GROWTH = ("position_embedding", "pooled_text", "self_attention", "single_share", "colourless_share", "and_order",
           "caption_dropout", "text_variant", "side_hint_gain", "timestep_sampling", "layout_share", "layout_fraction",
-          "logit_mean", "logit_std", "layout_every", "layout_seeds", "text_lr", "grounding_weight",
-          "pixel_grounding_weight", "overlap_weight", "key_separation_weight", "key_margin", *SCHEDULE)
+          "layout_every", "layout_seeds", "text_lr", "grounding_weight", "pixel_grounding_weight",
+          "key_separation_weight", "key_margin", *SCHEDULE)
 # every setting by its flat name (the flag's, `TrainConfig.from_flat`'s), at its default
 DEFAULTS = TrainConfig().flat()
 
@@ -75,9 +76,9 @@ def parse_args(argv=None):
                         "--position-embedding, --pooled-text, --self-attention-levels, --single-share, "
                         "--colourless-share, --and-order, --caption-dropout, --text-variant side-hints, "
                         "--side-hint-gain, "
-                        "--timestep-sampling (with --layout-share, --layout-fraction, --logit-mean, --logit-std), "
+                        "--timestep-sampling (with --layout-share, --layout-fraction), "
                         "--clip (the U-Net continues on that frozen text side), --text-lr (RUN's CLIP text encoder "
-                        "trains too), --grounding-weight, --pixel-grounding-weight, --overlap-weight, "
+                        "trains too), --grounding-weight, --pixel-grounding-weight, "
                         "--key-separation-weight (with --key-margin), --lr-schedule (with --min-lr, --decay-start, "
                         "--decay-steps: a cooldown of a constant run) (everything else as RUN has it); RUN is only "
                         "read")

@@ -4,7 +4,7 @@
     python scripts/ablation.py runs/v1 --variant bidirectional --steps 800 --out runs/ablate-bidir
 
 The variant trains with RUN's train_config.json (same U-Net, batch, seed, data), only the text side
-differs (unet/text_variants.py); compare with RUN's snapshot at the same step (scripts/scaling.py, same
+differs (unet/research/text_variants.py); compare with RUN's snapshot at the same step (scripts/scaling.py, same
 quick evaluation and seeds). Writes OUT/ablation.json.
 """
 
@@ -19,7 +19,7 @@ from unet.cli import UsageError, check_guidance, usage_error
 from unet.eval.evaluate import run_evaluation
 from unet.eval.layout_log import layout_log
 from unet.eval.scaling import scaling_row, wall_minutes
-from unet.train import TrainConfig, Trainer
+from unet.train import TrainConfig, Trainer, resumed_config
 
 
 def main(argv=None) -> int:
@@ -41,15 +41,13 @@ def main(argv=None) -> int:
     if not config.exists():
         return usage_error(f"{config} does not exist")
     saved = json.loads(config.read_text())
-    known = TrainConfig().flat()
-    values = {k: tuple(v) if isinstance(v, list) and k != "sample_prompts" else v for k, v in saved.items()
-              if k in known}
-    values.update(out=args.out, steps=args.steps, text_variant=args.variant, snapshot_every=0, max_minutes=0.0,
-                  resume=args.resume)
     try:
-        cfg = TrainConfig.from_flat(**values)
+        # RUN's settings read as a --resume reads them (a setting of a retired study is refused, not dropped), here
+        # trained from nothing with another text side
+        run = resumed_config(TrainConfig.from_flat(out=args.out, steps=args.steps), saved)
+        cfg = run.replace(text_variant=args.variant, snapshot_every=0, resume=args.resume, grown_from=None)
         trainer = Trainer(cfg, callbacks=layout_log(cfg.run))
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (TypeError, ValueError, FileNotFoundError, FileExistsError) as e:
         return usage_error(e)
     trainer.train(progress=False)
     torch.manual_seed(0)

@@ -180,16 +180,24 @@ def objects_along_sampling(pipe, tasks=("two_object", "color_attr"), seeds: int 
     return records
 
 
+def map_overlap(read_a: torch.Tensor, read_b: torch.Tensor) -> torch.Tensor:
+    """Histogram intersection of two attention maps (..., N): each normalised over its N pixels, the sum of the
+    smaller share at every pixel; 1 for one map, 0 for maps on different pixels."""
+    a = read_a / read_a.sum(-1, keepdim=True).clamp_min(1e-12)
+    b = read_b / read_b.sum(-1, keepdim=True).clamp_min(1e-12)
+    return torch.minimum(a, b).sum(-1)
+
+
 @torch.no_grad()
 def object_map_overlap(pipe, tasks=("two_object", "color_attr"), seeds: int = 24, base_seed: int = 50_000,
                        steps: int = 25) -> list[dict]:
     """Per image of `objects_along_sampling` (same prompts, batches and noise), at each step, how much the two
     objects' word maps overlap: the histogram intersection of the cross-attention on each object's words (colour and
-    shape), averaged over heads and layers (`recipe.map_overlap`, as `recipe.object_overlap_loss` reads it in
-    training); 1 is one map, 0 maps on different pixels. A pass of its own: the evaluation's store takes the layers'
-    observer, so the images are sampled again and their own right/wrong is returned beside the overlaps."""
+    shape), averaged over heads and layers (`map_overlap`); 1 is one map, 0 maps on different pixels. A pass of its
+    own: the evaluation's store takes the layers' observer, so the images are sampled again and their own right/wrong
+    is returned beside the overlaps."""
     from unet.eval.prompts import check, eval_prompts, word_objects
-    from unet.recipe import cross_attention_weights, map_overlap
+    from unet.recipe import cross_attention_weights
     prompts = [p for p in eval_prompts() if p.task in tasks]
     overlaps = []  # per U-Net call: (B,) overlaps of the batch's images
     out = []

@@ -1,5 +1,6 @@
 """Text sides the U-Net can train with (`TextConfig.text_variant`): CLIP's causal encoder, as shipped, and the
-ablations that ask whether the text encoder or the image model limits relations and binding.
+ablations that asked whether the text encoder or the image model limits relations and binding
+(docs/experiments/text-side-ablations.md, docs/experiments/side-hints.md: neither changed what ships).
 
 - "clip": transformers' CLIPTextModel itself, causal as in Stable Diffusion (what ships).
 
@@ -17,7 +18,9 @@ ablations that ask whether the text encoder or the image model limits relations 
   it where each object goes.
 
 All keep the tokenizer's positions (one token per scene word), so word maps read the same way; they
-are for measurement only and are never shipped (they do not save as a diffusers pipeline).
+are for measurement only and are never shipped (they do not save as a diffusers pipeline). Training imports
+this module only for a run whose text variant is not "clip" (`unet.train.build_components`): `--grow-from RUN
+--text-variant side-hints` and scripts/ablation.py.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from .data import COLORS, SHAPES
+from ..data import COLORS, SHAPES
 
 TEXT_VARIANTS = ("clip", "bidirectional", "oracle", "side-hints")
 
