@@ -4,8 +4,9 @@ import torch
 
 from crossattn.metrics import iou, mass, pointing, score_maps
 from unet.data import SceneSampler, render
-from unet.eval.detect import Detection, detect, relative_position
+from unet.eval.detect import Detection, detect
 from unet.eval.prompts import EvalPrompt, check, eval_prompts, relation_response, word_objects
+from unet.relations import relative_position
 
 
 def test_detector_on_known_scenes():
@@ -99,7 +100,8 @@ def test_relation_response_tells_an_ignored_word_from_an_obeyed_one():
 
 
 def test_and_order_counts_the_first_named_object_first_as_read_only_on_and_prompts():
-    from unet.eval.prompts import and_order, first_as_read
+    from unet.eval.prompts import and_order
+    from unet.relations import first_as_read
 
     left, right, top, bottom = (5.0, 16.0), (27.0, 16.0), (16.0, 5.0), (16.0, 27.0)
     assert first_as_read(left, right) and first_as_read(top, bottom)
@@ -129,7 +131,8 @@ class _LayoutPipe:
     def __call__(self, prompts, num_images_per_prompt, generator, **_):
         from types import SimpleNamespace
 
-        from unet.eval.prompts import POSITION_SIDES, RELATION_SIDES, parse_prompt
+        from unet.eval.prompts import parse_prompt
+        from unet.relations import POSITION_SIDES, RELATION_SIDES
         images = []
         coins = torch.rand(len(prompts) * num_images_per_prompt, 2, generator=generator)  # the "noise"
         for i, coin in enumerate(coins.tolist()):

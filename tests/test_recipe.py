@@ -277,7 +277,7 @@ def test_colourless_share_sets_which_pairs_name_no_colours_and_old_runs_draw_the
 def test_and_order_reading_puts_the_first_named_object_first_as_read_and_changes_nothing_else():
     """--and-order reading: every "and" pair's first object is left of or above its second (under "any", some are
     right of or below it); every other scene, and every caption, is drawn exactly as before."""
-    from unet.eval.prompts import first_as_read as centres_as_read
+    from unet.relations import first_as_read as centres_as_read
     from unet.train import TrainConfig, fresh_scenes
     from unet.train_config import DataConfig
 

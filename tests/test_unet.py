@@ -5,7 +5,8 @@ from conftest import tiny_config
 
 from unet import ScenePipeline, UNet, make_scheduler
 from unet.data import COLORS, HELD_OUT_PAIRS, SHAPES, SceneDataset, SceneSampler
-from unet.eval.detect import detect, relative_position
+from unet.eval.detect import detect
+from unet.relations import relative_position
 from unet.train import Trainer
 
 

@@ -16,8 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .data import POSITIONS, SceneDataset, check_and_order, scenes_to_tensor
-from .eval.detect import relative_position
-from .eval.prompts import POSITION_SIDES, first_as_read
+from .relations import POSITION_SIDES, first_as_read, relative_position
 from .world import (
     COLORS,
     HELD_OUT_COLOR_SHAPES,

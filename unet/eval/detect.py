@@ -92,24 +92,3 @@ def background_mask(shape: tuple[int, int], detections: list[Detection], margin:
     if margin:
         objects = ndimage.binary_dilation(objects, iterations=margin)
     return ~objects
-
-
-def relative_position(a: Detection, b: Detection, threshold: float = 0.1) -> set[str]:
-    """GenEval's rule: where `a` lies relative to `b`. The centre offset, less `threshold` times the
-    summed box sizes on each axis, must remain; then the direction of the offset decides."""
-    offset = np.subtract(a.center, b.center, dtype=np.float64)
-    dims = np.add(a.size, b.size, dtype=np.float64)
-    revised = np.maximum(np.abs(offset) - threshold * dims, 0) * np.sign(offset)
-    if np.all(np.abs(revised) < 1e-3):
-        return set()
-    dx, dy = revised / np.linalg.norm(offset)
-    relations = set()
-    if dx < -0.5:
-        relations.add("left of")
-    if dx > 0.5:
-        relations.add("right of")
-    if dy < -0.5:
-        relations.add("above")
-    if dy > 0.5:
-        relations.add("below")
-    return relations

@@ -15,6 +15,7 @@ from crossattn.overlay import to_uint8
 from crossattn.text import prompt_words
 
 from ..pipeline import default_guidance
+from ..relations import WORD_SIDES
 from .detect import detect
 from .layout import key_separation, layout_response
 from .map_scoring import (
@@ -35,7 +36,6 @@ from .prompts import (
     OPPOSITE_RELATIONS,
     PAIRED_AXES,
     TASKS,
-    WORD_SIDES,
     EvalPrompt,
     and_order,
     background_grain,

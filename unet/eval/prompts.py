@@ -11,7 +11,8 @@ import numpy as np
 from crossattn.overlay import to_uint8
 
 from ..data import COLORS, HELD_OUT_PAIRS, RELATIONS, SHAPES
-from .detect import Detection, background_mask, relative_position
+from ..relations import RELATION_SIDES, WORD_SIDES, first_as_read, relative_position
+from .detect import Detection, background_mask
 
 TASKS = ("single_object", "two_object", "colors", "position", "color_attr")
 
@@ -73,12 +74,7 @@ def background_grain(image: np.ndarray, detections: list[Detection], margin: int
     return float(background.mean()) if background.size else 0.0
 
 
-# which side of the second object each relation puts the first one on: (axis of Detection.center, sign)
-RELATION_SIDES = {"left of": (0, -1), "right of": (0, 1), "above": (1, -1), "below": (1, 1)}
 OPPOSITE_RELATIONS = {"horizontal": ("left of", "right of"), "vertical": ("above", "below")}
-# the single-object captions' absolute positions: (axis, side) of the object against the image centre
-POSITION_SIDES = {"on the left": (0, -1), "on the right": (0, 1), "on the top": (1, -1), "on the bottom": (1, 1)}
-WORD_SIDES = {**RELATION_SIDES, **POSITION_SIDES}  # every position word: (axis, side)
 # the paired test's axes: (the word, its opposite, which prompts). "shapes": the evaluation's colourless relation
 # prompts (the first two axes, as reports have always had them); "colours": relations between coloured objects;
 # "one object": a coloured object's absolute position
@@ -107,13 +103,6 @@ def relation_response(records) -> dict:
         response = None if None in shares else float(shares[0] - shares[1])
         result[axis] = {"response": response, "images": images}
     return result
-
-
-def first_as_read(first: tuple[float, float], second: tuple[float, float]) -> bool:
-    """Whether the object centred at `first` (x, y) comes before `second` as read: left of it, or above it when
-    they are further apart vertically than horizontally."""
-    dx, dy = second[0] - first[0], second[1] - first[1]
-    return dx > 0 if abs(dx) > abs(dy) else dy > 0
 
 
 def and_order(records) -> dict:

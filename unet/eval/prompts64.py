@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..relations import POSITION_SIDES, first_as_read, relative_position
 from ..world import COLORS, HELD_OUT_COLOR_SHAPES, NUMBER_WORDS, SHAPES, Description, Group, parse_caption
-from .detect import relative_position
 from .detect64 import Detection64, detect
-from .prompts import POSITION_SIDES, first_as_read
 
 TASKS64 = ("single_object", "two_object", "counting", "colors", "position", "color_attr", "size_attr")
 POSITION_RELATIONS = ("left of", "right of", "above", "below")
