@@ -84,14 +84,14 @@ def test_training_logs_layout_without_touching_its_random_streams(tmp_path):
 
     from conftest import tiny_config
 
-    from unet.eval.layout_log import layout_log
+    from unet.eval.layout_log import LayoutLog
     from unet.eval.prompts import PAIRED_AXES
     from unet.train import Trainer
 
     plain = Trainer(tiny_config(tmp_path / "plain", steps=4))
     plain.train(progress=False)
     cfg = tiny_config(tmp_path / "logged", steps=4, layout_every=2, checkpoint_every=2)
-    logged = Trainer(cfg, callbacks=layout_log(cfg.run))
+    logged = Trainer(cfg, callbacks=[LayoutLog()])
     logged.train(progress=False)
     rows = [json.loads(line) for line in (tmp_path / "logged" / "layout.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 4]

@@ -562,7 +562,7 @@ class Trainer:
         writer = csv.writer(log)
         losses = []
         bar = tqdm(total=cfg.schedule.steps, initial=self.step,
-                   disable=not progress or not self.accelerator.is_main_process, desc="training")
+                   disable=not progress or not main, desc="training")
         t0, seen = time.time(), 0
         def save_checkpoint():
             log.flush()  # rows up to this step are on disk before the checkpoint that covers them
@@ -596,7 +596,7 @@ class Trainer:
                     self.prefetcher = None
                 bar.close()
                 log.close()
-        if self.accelerator.is_main_process:
+        if main:
             plot_loss(self.out / "loss.csv", self.out / "loss_curve.png")
             if self.writes_pipeline:  # last, and atomic: a pipeline on disk means the run is done
                 self.save_pipeline(self.out / "pipeline")

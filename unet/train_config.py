@@ -251,8 +251,7 @@ class ScheduleConfig:
 
     def check(self) -> None:
         check_positive("steps", self.steps)
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        check_one_of("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         if self.lr_schedule != "cooldown" and (self.decay_start or self.decay_steps):
             raise ValueError(f"--decay-start and --decay-steps apply only with --lr-schedule cooldown, not "
                              f"{self.lr_schedule}")

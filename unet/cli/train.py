@@ -27,7 +27,7 @@ from crossattn.text import load_text_encoder, load_tokenizer
 from unet import checkpoint
 from unet.cli import UsageError, check_out_dir, interrupted, sigterm_as_interrupt, usage_error
 from unet.data import SceneDataset
-from unet.eval.layout_log import layout_log
+from unet.eval.layout_log import LayoutLog
 from unet.folders import WRITE_ERRORS, hold_folder, write_failed
 from unet.pipeline import progress_bars
 from unet.recipe_file import known_recipes, read_recipe
@@ -401,9 +401,7 @@ def _train(args, cfg: TrainConfig) -> int:
     try:
         if args.grow_from is not None:
             cfg = start_grown(cfg, Path(args.grow_from))
-        # the measurements taken while it trains, by the run's settings (a resumed run's are its folder's)
-        settings = resumed_config(cfg, saved_config(out)) if cfg.resume else cfg
-        trainer = Trainer(cfg, callbacks=layout_log(settings.run))
+        trainer = Trainer(cfg, callbacks=[LayoutLog()])  # logs only if the run's settings ask (--layout-every)
         main_process = trainer.accelerator.is_main_process
         if args.recipe is not None and main_process:  # the file as written, its comments saying why
             shutil.copy(args.recipe_file, out / "recipe.toml")

@@ -17,7 +17,7 @@ import torch
 
 from unet.cli import UsageError, check_guidance, usage_error
 from unet.eval.evaluate import run_evaluation
-from unet.eval.layout_log import layout_log
+from unet.eval.layout_log import LayoutLog
 from unet.eval.scaling import scaling_row, wall_minutes
 from unet.train import TrainConfig, Trainer, resumed_config
 
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         # trained from nothing with another text side
         run = resumed_config(TrainConfig.from_flat(out=args.out, steps=args.steps), saved)
         cfg = run.replace(text_variant=args.variant, snapshot_every=0, resume=args.resume, grown_from=None)
-        trainer = Trainer(cfg, callbacks=layout_log(cfg.run))
+        trainer = Trainer(cfg, callbacks=[LayoutLog()])
     except (TypeError, ValueError, FileNotFoundError, FileExistsError) as e:
         return usage_error(e)
     trainer.train(progress=False)
