@@ -17,11 +17,12 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from unet.eval.report import check_readme
+from unet.pipeline import shipped_models
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MODEL_CARD = ROOT / "docs" / "model-card.md"
-MODEL_FOLDER_CARD = ROOT / "unet" / "pretrained" / "scenes-32" / "README.md"
+SHIPPED = ROOT / "unet" / "pretrained"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 PROMPT = "a red circle left of a blue square"
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
@@ -74,8 +75,18 @@ def model_card_results(ns):
     assert ns["image"].size == (32, 32)
 
 
+def untaught_card_results(ns):
+    assert ns["image"].size == (32, 32) and Path(ns["pipe"].name_or_path).name == "scenes-32-untaught"
+
+
+def scenes64_card_results(ns):
+    assert ns["image"].size == (64, 64) and ns["pipe"].world == "scenes-64"
+
+
 CHECKS = {"README.md": readme_results, "docs/guides/maps.md": maps_guide_results,
-          "docs/guides/control.md": control_guide_results, "docs/model-card.md": model_card_results}
+          "docs/guides/control.md": control_guide_results, "docs/model-card.md": model_card_results,
+          "docs/model-card-scenes-32-untaught.md": untaught_card_results,
+          "docs/model-card-scenes-64.md": scenes64_card_results}
 
 
 def test_every_page_with_python_snippets_is_checked():
@@ -205,8 +216,16 @@ def test_pages_name_no_session_issue_or_steering():
         assert not found, (name(page), found)
 
 
-def test_model_folder_carries_the_model_card_standing_alone():
-    card = MODEL_CARD.read_text()
-    assert MODEL_FOLDER_CARD.read_text() == card, "copy docs/model-card.md to unet/pretrained/scenes-32/README.md"
-    assert [t for t in LINK.findall(card) if not re.match(r"https?:", t)] == []  # relative links break on a hub
+def model_card(model: str) -> Path:
+    """The page of a shipped model's card: docs/model-card.md for the default, docs/model-card-NAME.md for another."""
+    return MODEL_CARD if model == "scenes-32" else ROOT / "docs" / f"model-card-{model}.md"
+
+
+def test_every_shipped_model_carries_its_model_card_standing_alone():
+    assert "scenes-32" in shipped_models()
+    for model in shipped_models():
+        card = model_card(model).read_text()
+        assert (SHIPPED / model / "README.md").read_text() == card, \
+            f"copy {name(model_card(model))} to unet/pretrained/{model}/README.md"
+        assert [t for t in LINK.findall(card) if not re.match(r"https?:", t)] == []  # relative links break on a hub
     check_readme(MODEL_CARD)  # one maps block, so `evaluate.py --readme docs/model-card.md` rewrites its tables

@@ -138,8 +138,8 @@ def test_a_bad_world_in_a_recipe_and_make_data_are_one_line(tmp_path, capsys):
 
 
 def test_models_by_name_and_by_folder(tiny64_run, tmp_path, capsys):
-    """`--model scenes-32` is the shipped folder; a folder path works as before; a name not shipped is one line
-    naming the shipped ones, and for scenes-64 the command that trains it."""
+    """`--model scenes-32` is the shipped folder, and `--model scenes-64` the shipped model of the 64-px world; a
+    folder path works as before; a name not shipped is one line naming the shipped ones."""
     assert model_folder("scenes-32") == PRETRAINED and model_folder(None) == PRETRAINED
     assert model_label("scenes-32") == model_label(None)
     assert model_folder(str(tiny64_run / "pipeline")) == tiny64_run / "pipeline"
@@ -148,14 +148,12 @@ def test_models_by_name_and_by_folder(tiny64_run, tmp_path, capsys):
                                  "--quiet"]) == 0
     (folder,) = out.iterdir()
     assert json.loads((folder / "meta.json").read_text())["model"] == "scenes-32"
+    assert load_pipeline("scenes-64").world == "scenes-64"
     capsys.readouterr()
-    line = one_line_error(capsys, generate_script.main(["a red circle", "--model", "scenes-64", "--out",
-                                                        str(tmp_path / "o2")]), "scenes-64 is not trained yet")
-    assert "python scripts/train.py --recipe scenes-64" in line and "the shipped models are scenes-32" in line
     line = one_line_error(capsys, evaluate_script.main(["--model", "scenes-99", "--out", str(tmp_path / "o3")]),
-                          "model folder scenes-99 does not exist; the shipped models are scenes-32")
-    assert "path of a pipeline folder" in line and "not trained yet" not in line
-    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+                          "model folder scenes-99 does not exist; the shipped models are scenes-32, ")
+    assert "scenes-64" in line and "path of a pipeline folder" in line
+    assert not (tmp_path / "o3").exists()
 
 
 def test_generate_and_attend_warn_with_the_world_of_the_model(tiny64_run, tiny_pipeline_dir, tmp_path, capsys):

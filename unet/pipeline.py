@@ -79,8 +79,6 @@ class Settings:
 SCHEDULERS = {"ddim": DDIMScheduler, "dpm": DPMSolverMultistepScheduler, "ddpm": DDPMScheduler}
 SHIPPED = Path(__file__).parent / "pretrained"  # the pipelines that ship inside the package, one folder each
 PRETRAINED = SHIPPED / "scenes-32"  # the default model
-# models this project names but does not ship yet, and the command that trains each
-NOT_YET_SHIPPED = {"scenes-64": "python scripts/train.py --recipe scenes-64 --out runs/scenes-64"}
 TRAINED_WORDS = "trained_words.json"
 # The synthetic worlds a model of this project is trained in (`TrainConfig.data.world`): scenes-32 (unet/data.py) and
 # scenes-64 (unet/world.py, unet/scenes64.py). A pipeline folder's train_config.json names its world; one without a
@@ -117,9 +115,6 @@ def missing_model(model: str | Path) -> str:
     """The one line for a `--model` that is neither a folder nor a shipped model's name."""
     line = (f"model folder {model} does not exist; the shipped models are {', '.join(shipped_models())} (by name: "
             f"--model NAME), or give the path of a pipeline folder")
-    if str(model) in NOT_YET_SHIPPED:
-        line += (f"; {model} is not trained yet: `{NOT_YET_SHIPPED[str(model)]}` trains it (then --model "
-                 f"runs/{model}/pipeline)")
     return line
 
 
