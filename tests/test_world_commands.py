@@ -57,8 +57,26 @@ def test_explain_follows_the_first_shape_word_of_the_models_world(tiny64_pipelin
 def test_diagnose_refuses_a_64_model(tiny64_pipeline_dir, tmp_path, capsys):
     rc = diagnose_script.main(["words", "--model", str(tiny64_pipeline_dir), "--out", str(tmp_path / "d")])
     err = capsys.readouterr().err  # after the loading bars, one error line
-    assert rc == 2 and "error: diagnose measures scenes-32's prompts" in err and "model of world scenes-64" in err
+    assert rc == 2 and "error: diagnose words measures a model of world scenes-32" in err
+    assert "model of world scenes-64" in err
     assert "Traceback" not in err and not list((tmp_path / "d").glob("*.json"))
+
+
+def test_diagnose_counts_tells_each_asked_count_what_was_drawn(tiny64_pipeline_dir, tiny_pipeline_dir, tmp_path,
+                                                               capsys):
+    """Every counting prompt's images are counted once, under the count it asked for; a scenes-32 model is refused."""
+    assert diagnose_script.main(["counts", "--model", str(tiny64_pipeline_dir), "--out", str(tmp_path / "d"),
+                                 "--seeds", "2"]) == 0
+    counts = json.loads((tmp_path / "d" / "counts.json").read_text())["counts"]
+    assert sorted(counts["drawn"]) == ["1", "2", "3", "4"] and counts["seeds"] == 2
+    for asked, row in counts["drawn"].items():
+        assert sum(row.values()) == 6 * 2  # six shapes, two seeds each
+        assert counts["exact"][asked] == row.get(asked, 0) / 12
+    capsys.readouterr()
+    rc = diagnose_script.main(["counts", "--model", str(tiny_pipeline_dir), "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "diagnose counts measures a model of world scenes-64" in err and "Traceback" not in err
+    assert not (tmp_path / "e" / "counts.json").exists()
 
 
 def test_sample_grid_draws_the_prompts_each_model_was_watched_learning(tiny64_pipeline_dir, tmp_path):

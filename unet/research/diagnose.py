@@ -1,4 +1,4 @@
-"""Evidence for what the model gets wrong, and why: colour collapse, grain, merged words, two objects.
+"""Evidence for what the model gets wrong, and why: colour collapse, grain, merged words, two objects, counts.
 
     python scripts/diagnose.py first-step --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py grain --model PATH --out outputs/examples/diagnosis/NAME
@@ -7,6 +7,7 @@
     python scripts/diagnose.py two-objects --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py text-routes --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py self-attention-wall --model PATH --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py counts --model scenes-64 --out outputs/examples/diagnosis/NAME
 
 first-step: for single-object colour prompts, samples the same seeds twice: with trailing DDIM, whose first step is
 t = T (for an epsilon model at ~zero SNR, the x0 estimate there is noise amplified by 1/sqrt(alpha_bar)),
@@ -31,6 +32,9 @@ self-attention-wall: the same fresh seeds' two-object and colour-attribution ima
 cut between where the two objects were drawn (every step, the first 8 of 25 only, or the rest), and with the same
 walls moved elsewhere as a control, and with the objects reading each other more at the first steps: do the objects
 settle their shapes by reading each other?
+counts (a model of world scenes-64 only): for the evaluation's counting prompts ("three diamonds"), how many objects
+of the named shape each image holds, by the count asked, on fresh seeds (16 per prompt from seed 60000 by default):
+is a miss one too many, one too few, or another shape?
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -505,20 +509,43 @@ def word_merging(pipe, zeroed=(0, 1, 2, 3)) -> dict:
     return result
 
 
+COUNTS_BASE_SEED = 60_000  # noise the scenes-64 evaluation's seeds (0 and 10,000 on) never use
+
+
+def counts_drawn(pipe, seeds: int, base_seed: int = COUNTS_BASE_SEED) -> dict:
+    """A scenes-64 model's counting prompts, `seeds` images each: {"drawn": {asked: {objects of that shape found:
+    images}}, "exact": {asked: share drawn exactly}}. The detector is the evaluation's, so "exact" is its counting
+    task on other seeds."""
+    from unet.eval.detect64 import detect as detect64
+    from unet.eval.evaluate64 import sample_and_judge
+    from unet.eval.prompts64 import eval_prompts64
+    prompts = [p for p in eval_prompts64() if p.task == "counting"]
+    records, _ = sample_and_judge(pipe, prompts, seeds, base_seed, 25, default_guidance(pipe), record_maps=False)
+    drawn = {}
+    for k, record in enumerate(records):  # prompt by prompt, `seeds` images each
+        group = prompts[k // seeds].description.groups[0]
+        found = sum(d.shape == group.shape for d in detect64(record["image"]))
+        row = drawn.setdefault(str(group.count), Counter())
+        row[str(found)] += 1
+    return {"seeds": seeds, "base_seed": base_seed, "drawn": {n: dict(sorted(row.items())) for n, row in drawn.items()},
+            "exact": {n: row[n] / sum(row.values()) for n, row in drawn.items()}}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects", "text-routes",
-                                     "self-attention-wall"])
+                                     "self-attention-wall", "counts"])
     add_model_argument(p)
     p.add_argument("--out", required=True, help="folder for <what>.json")
     p.add_argument("--overwrite", action="store_true", help="replace a <what>.json (and misses.png) already in --out")
     p.add_argument("--seeds", type=int, default=None, help="seeds per prompt (default 4; two-objects: 24, the "
-                   "images of evaluate.py --fresh-seeds 50000 --seeds 24)")
+                   "images of evaluate.py --fresh-seeds 50000 --seeds 24; counts: 16)")
     p.add_argument("--guidance", type=float, default=None,
                    help="first-step: guidance of the x0 estimate (default: the model's own)")
     args = p.parse_args(argv)
     if args.seeds is None:
-        args.seeds = 24 if args.what in ("two-objects", "text-routes", "self-attention-wall") else 4
+        args.seeds = (24 if args.what in ("two-objects", "text-routes", "self-attention-wall") else
+                      16 if args.what == "counts" else 4)
     with sigterm_as_interrupt():
         try:
             if args.seeds < 1:
@@ -542,9 +569,11 @@ def diagnose(args) -> int:
         raise UsageError(f"--out {args.out} already holds {args.what}.json; pass --overwrite to replace it, or "
                          "choose another folder")
     pipe = load_pipeline(args.model)
-    if pipe.world == "scenes-64":  # its prompts, colours and detector below are scenes-32's
-        raise UsageError(f"diagnose measures scenes-32's prompts with scenes-32's detector; {model_label(args.model)} "
-                         "is a model of world scenes-64 (its evaluation: scripts/evaluate.py --model ...)")
+    if (pipe.world == "scenes-64") != (args.what == "counts"):  # the others use scenes-32's prompts and detector
+        raise UsageError(f"diagnose {args.what} measures a model of world "
+                         f"{'scenes-64' if args.what == 'counts' else 'scenes-32'}; {model_label(args.model)} is "
+                         f"a model of world {pipe.world or 'scenes-32'} (diagnose counts takes scenes-64 models, "
+                         "every other diagnosis scenes-32 models)")
     colours = [c for c in COLORS for _ in SHAPES]
     prompts = [f"a {c} {s}" for c in COLORS for s in SHAPES]
     result = {"model": model_label(args.model), "prediction_type": pipe.scheduler.config.prediction_type}
@@ -574,6 +603,8 @@ def diagnose(args) -> int:
         result["text_routes"] = text_routes(pipe, seeds=args.seeds)
     elif args.what == "self-attention-wall":
         result["self_attention_wall"] = self_attention_wall(pipe, seeds=args.seeds)
+    elif args.what == "counts":
+        result["counts"] = counts_drawn(pipe, args.seeds)
     elif args.what == "grain":
         result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
     else:
