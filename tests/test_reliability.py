@@ -645,3 +645,32 @@ def test_make_data_disk_full_gives_one_line_and_no_folder(tmp_path, capsys, monk
     assert train_script.main(["--make-data", str(data), "--num-samples", "2", "--size", "8"]) == 2
     one_line(capsys.readouterr().err, "could not write the dataset: No space left on device")
     assert not data.exists()
+
+
+def test_an_interrupt_that_torch_swallows_while_a_checkpoint_loads_is_an_interrupt(tmp_path, monkeypatch):
+    """A Ctrl-C landing inside torch's tensor construction comes out of `load_file` as ValueError("could not
+    determine the shape of object type ..."); it must stop the command as an interrupt, not call the user's
+    checkpoint damaged."""
+    import time
+
+    from safetensors.torch import save_file
+
+    from unet import checkpoint
+    from unet.signals import Interrupted, sigterm_as_interrupt
+    path = tmp_path / "checkpoint.safetensors"
+    save_file({"w": torch.ones(2)}, str(path))
+
+    def swallowing(name):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs here
+        except KeyboardInterrupt:
+            pass  # as torch does
+        raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+
+    monkeypatch.setattr(checkpoint, "load_file", swallowing)
+    with sigterm_as_interrupt(), pytest.raises(Interrupted):
+        checkpoint.load(path)
+    with sigterm_as_interrupt(), pytest.raises(ValueError, match="is not a readable safetensors checkpoint"):
+        path.write_bytes(b"not safetensors")  # a damaged file, no interrupt: still the one-line error
+        checkpoint.load(path)

@@ -22,6 +22,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from .signals import raise_swallowed
+
 HASH = "sha256"  # metadata key: SHA-256 of the file's own tensors
 WHOLE_HASH = "checkpoint_sha256"  # metadata key of a part: SHA-256 of the whole checkpoint's tensors
 PART_BYTES = 24_000_000
@@ -54,6 +56,7 @@ def read_metadata(path: Path) -> tuple[dict[str, str], list[str]]:
         with safe_open(str(path), "pt") as f:
             return dict(f.metadata() or {}), list(f.keys())
     except Exception as e:  # safetensors raises its own SafetensorError, OSError and others
+        raise_swallowed()  # an interrupt that torch turned into its own error is a Ctrl-C, not a damaged file
         raise ValueError(f"{path} is not a readable safetensors checkpoint: {_reason(e)}") from e
 
 
@@ -63,6 +66,10 @@ def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     try:
         tensors = load_file(str(path))
     except Exception as e:  # a truncated file or a garbled header
+        # or an interrupt: one landing inside torch's tensor construction comes out as ValueError("could not
+        # determine the shape of object type 'torch.storage.UntypedStorage'"), so a Ctrl-C while a run resumed
+        # read as a damaged checkpoint
+        raise_swallowed()
         raise ValueError(f"{path} is not a readable safetensors checkpoint: {_reason(e)}") from e
     if HASH in metadata and tensors_sha256(tensors) != metadata[HASH]:
         raise ValueError(f"{path} is damaged: its tensors do not match the SHA-256 it records (metadata "
