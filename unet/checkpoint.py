@@ -56,7 +56,7 @@ def read_metadata(path: Path) -> tuple[dict[str, str], list[str]]:
         with safe_open(str(path), "pt") as f:
             return dict(f.metadata() or {}), list(f.keys())
     except Exception as e:  # safetensors raises its own SafetensorError, OSError and others
-        raise_swallowed()  # an interrupt that torch turned into its own error is a Ctrl-C, not a damaged file
+        raise_swallowed()  # an interrupt turned into another error (see `load`) is a Ctrl-C, not a damaged file
         raise ValueError(f"{path} is not a readable safetensors checkpoint: {_reason(e)}") from e
 
 

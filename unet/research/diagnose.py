@@ -569,11 +569,12 @@ def diagnose(args) -> int:
         raise UsageError(f"--out {args.out} already holds {args.what}.json; pass --overwrite to replace it, or "
                          "choose another folder")
     pipe = load_pipeline(args.model)
-    if (pipe.world == "scenes-64") != (args.what == "counts"):  # the others use scenes-32's prompts and detector
-        raise UsageError(f"diagnose {args.what} measures a model of world "
-                         f"{'scenes-64' if args.what == 'counts' else 'scenes-32'}; {model_label(args.model)} is "
-                         f"a model of world {pipe.world or 'scenes-32'} (diagnose counts takes scenes-64 models, "
-                         "every other diagnosis scenes-32 models)")
+    wants = "scenes-64" if args.what == "counts" else "scenes-32"  # the others use scenes-32's prompts and detector
+    world = pipe.world or "scenes-32"  # a Stable Diffusion folder: scenes-32's prompts, as before worlds had names
+    if world != wants:
+        raise UsageError(f"diagnose {args.what} measures a model of world {wants}; {model_label(args.model)} is a "
+                         f"model of world {world} (diagnose counts takes scenes-64 models, every other diagnosis "
+                         "scenes-32 models)")
     colours = [c for c in COLORS for _ in SHAPES]
     prompts = [f"a {c} {s}" for c in COLORS for s in SHAPES]
     result = {"model": model_label(args.model), "prediction_type": pipe.scheduler.config.prediction_type}
