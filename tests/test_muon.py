@@ -74,3 +74,29 @@ def test_a_bad_optimizer_names_what_is_accepted(tmp_path):
         TrainConfig.from_flat(out=str(tmp_path), optimizer="sgd").validate()
     with pytest.raises(ValueError, match=r"muon_momentum must be in \[0, 1\)"):
         TrainConfig.from_flat(out=str(tmp_path), optimizer="muon", muon_momentum=1.0).validate()
+
+
+def test_update_rms_sets_the_muon_step_length_and_an_older_checkpoints_groups_step_with_0_2():
+    """A Muon step moves a matrix by lr * update_rms * sqrt(max(out, in)) in Frobenius norm per unit singular value,
+    so twice update_rms is twice the step; an optimizer state saved before the setting existed loads as 0.2."""
+    steps = {}
+    for rms in (0.2, 0.4):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(16, 32))
+        opt = MuonAdamW([{"params": [w], "weight_decay": 0.0, "muon": True}], lr=1e-2, update_rms=rms)
+        before = w.detach().clone()
+        w.grad = torch.randn(16, 32)
+        opt.step()
+        steps[rms] = (w.detach() - before).norm()
+    torch.testing.assert_close(steps[0.4], 2 * steps[0.2])
+    state = opt.state_dict()
+    for group in state["param_groups"]:
+        del group["update_rms"]
+    fresh = MuonAdamW([{"params": [w], "weight_decay": 0.0, "muon": True}], lr=1e-2, update_rms=0.4)
+    fresh.load_state_dict(state)
+    assert fresh.param_groups[0]["update_rms"] == 0.2
+
+
+def test_a_muon_update_rms_of_zero_names_what_is_accepted(tmp_path):
+    with pytest.raises(ValueError, match=r"muon_update_rms must be > 0 \(0.2 matches AdamW's update\), got 0.0"):
+        TrainConfig.from_flat(out=str(tmp_path), optimizer="muon", muon_update_rms=0.0).validate()

@@ -11,6 +11,7 @@ Adam as well). One optimizer, so a checkpoint stores its moments like AdamW's: b
 
 The step length of a Muon matrix is scaled to the RMS AdamW's update has, 0.2 * sqrt(max(out, in)) (Moonshot's
 "match_rms_adamw", `torch.optim.Muon`'s adjust_lr_fn): the recipe's lr and weight decay mean the same for both.
+`update_rms` is that 0.2: a larger one steps the matrices faster while the rest keeps AdamW's rate.
 """
 
 from __future__ import annotations
@@ -44,11 +45,16 @@ class MuonAdamW(torch.optim.Optimizer):
     their weights decoupled, by lr * weight_decay, as torch's AdamW does."""
 
     def __init__(self, groups: list[dict], lr: float, momentum: float = 0.95, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, ns_steps: int = 5):
+                 weight_decay: float = 0.01, ns_steps: int = 5, update_rms: float = 0.2):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"Muon's momentum must be in [0, 1), got {momentum}")
         super().__init__(groups, dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay,
-                                      ns_steps=ns_steps, muon=False))
+                                      ns_steps=ns_steps, update_rms=update_rms, muon=False))
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:  # a checkpoint saved before update_rms existed stepped with 0.2
+            group.setdefault("update_rms", 0.2)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -70,7 +76,7 @@ class MuonAdamW(torch.optim.Optimizer):
                     buf = state["momentum_buffer"]
                     buf.lerp_(grad, 1 - group["momentum"])
                     update = orthogonalise(grad.lerp(buf, group["momentum"]), group["ns_steps"])  # nesterov
-                    p.add_(update.view_as(p), alpha=-lr * 0.2 * math.sqrt(max(grad.shape)))
+                    p.add_(update.view_as(p), alpha=-lr * group["update_rms"] * math.sqrt(max(grad.shape)))
                 else:
                     if not state:
                         state["step"] = torch.tensor(0.0)

@@ -184,7 +184,8 @@ def build_optimizer(unet, text_encoder, cfg: TrainConfig) -> tuple[list, torch.o
                 groups.append({"params": [p for _, p in members], "weight_decay": weight_decay, "lr_scale": lr_scale}
                               | ({"muon": True} if muon else {}))
                 names += [n for n, _ in members]
-    optimizer = (MuonAdamW(groups, lr=settings.lr, momentum=settings.muon_momentum) if settings.algorithm == "muon"
+    optimizer = (MuonAdamW(groups, lr=settings.lr, momentum=settings.muon_momentum,
+                           update_rms=settings.muon_update_rms) if settings.algorithm == "muon"
                  else torch.optim.AdamW(groups, lr=settings.lr))
     return [p for g in groups for p in g["params"]], optimizer, names
 

@@ -225,12 +225,16 @@ class OptimizerConfig:
     # "adamw", or "muon": Muon on the hidden weight matrices, AdamW on the rest (unet/muon.py) (--optimizer)
     algorithm: str = field(default="adamw", metadata={"flat": "optimizer"})
     muon_momentum: float = 0.95
+    # the RMS of a Muon matrix's update per unit of lr: 0.2 is AdamW's, so lr means the same on both (unet/muon.py)
+    muon_update_rms: float = 0.2
 
     def check(self) -> None:
         check_positive("batch_size", self.batch_size)
         check_one_of("optimizer", self.algorithm, OPTIMIZERS)
         if not 0.0 <= self.muon_momentum < 1.0:
             raise ValueError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if self.muon_update_rms <= 0:
+            raise ValueError(f"muon_update_rms must be > 0 (0.2 matches AdamW's update), got {self.muon_update_rms}")
         check_one_of("precision", self.precision, PRECISIONS)
         for name in ("lr", "weight_decay", "grad_clip"):
             check_non_negative(name, getattr(self, name))
