@@ -50,6 +50,9 @@ HELP = {  # the settings whose name alone does not say enough; every other one s
     "world": "the synthetic world the scenes come from: 'scenes-32' (4 colours, 3 shapes, one or two objects) or "
              "'scenes-64' (8 colours, 6 shapes, 2 sizes, counts 1-4; docs/guides/scenes-64.md) (default: {default})",
     "steps": "step to train to (default: {default}; with --resume or --grow-from, the run's own)",
+    "muon_update_rms": "with --optimizer muon, the RMS of a hidden matrix's update per unit of --lr: 0.2 matches "
+                       "AdamW's, so --lr means the same for both; a larger one steps the matrices faster than the "
+                       "embeddings, norms and biases (default: {default})",
     "data_workers": "draw the fresh scenes of the coming steps in N worker processes while the model trains: the "
                     "same batches, so the same run. Worth it on a GPU, where drawing scenes in the loop leaves it "
                     "idle; on a 2-core CPU the workers only take the training's core (default: {default}: in the "
