@@ -77,8 +77,8 @@ def test_a_bad_optimizer_names_what_is_accepted(tmp_path):
 
 
 def test_update_rms_sets_the_muon_step_length_and_an_older_checkpoints_groups_step_with_0_2():
-    """A Muon step moves a matrix by lr * update_rms * sqrt(max(out, in)) in Frobenius norm per unit singular value,
-    so twice update_rms is twice the step; an optimizer state saved before the setting existed loads as 0.2."""
+    """A Muon step moves a matrix by lr * update_rms * sqrt(max(out, in)) times its orthogonalised update, so twice
+    update_rms is twice the step; an optimizer state saved before the setting existed loads as 0.2."""
     steps = {}
     for rms in (0.2, 0.4):
         torch.manual_seed(0)

@@ -191,3 +191,21 @@ def test_evaluate_runs_the_world_evaluation_on_a_64_model(tiny64_run, tmp_path, 
                                                  "--out", str(tmp_path / "rel"), "--quiet"]),
                    "--relations-only measures scenes-32's prompts")
     assert not (tmp_path / "rel").exists()
+
+
+def test_the_benchmark_compares_only_a_scenes_32_model_with_the_previous_architecture(tiny64_run, tiny_pipeline_dir):
+    """The previous architecture is a 32-px model of scenes-32: side by side with a scenes-64 model its rows would
+    compare two worlds. The other rows (fewer sampling steps, the model's own guidance) hold for any model."""
+    from unet.cli.benchmark import table
+    from unet.eval.benchmark import recipe_speed
+    for folder, world in ((tiny64_run / "pipeline", "scenes-64"), (tiny_pipeline_dir, "scenes-32")):
+        pipe = load_pipeline(folder, show_progress=False)
+        speed = recipe_speed(pipe, steps=1, repeats=1, batch_size=2)
+        assert ("training" in speed) == (world == "scenes-32"), world
+        assert speed["dpm10_vs_ddim"]["seconds_dpm10"] > 0 and speed["own_guidance_vs_4"]["seconds_own"] > 0
+        rows = table({"recipe": speed, "settings": {"sampling_steps": 1}, "block_vs_diffusers_fused": {},
+                      "block_vs_diffusers_weights": {}, "capture_overhead": 1.0, "capture_bytes_by_steps": {},
+                      "sampling_images_per_s": {}, "sampling": {"8": {"seconds": 1.0}}, "training_images_per_s": 1.0,
+                      "unet_gflop_per_image_forward": 1.0, "sampling_gflops": 1.0, "matmul_peak_gflops": 1.0,
+                      "fraction_of_matmul_peak": 1.0})
+        assert ("previous architecture" in rows) == (world == "scenes-32") and "DPM-Solver++ 10 steps" in rows
