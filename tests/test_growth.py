@@ -313,6 +313,11 @@ def test_fresh_seeds_score_prompt_following_alone_on_noise_the_report_never_uses
     for task, (right, images) in result["right_of"].items():
         assert images == 2 * sum(p.task == task for p in eval_prompts()) and result[task] == right / images
     assert runs[0]["right_of"] == runs[1]["right_of"]
+    # each image's verdict, kept for scripts/compare.py: the counts above, image for image, from seed 50000
+    assert result["judged"]["base_seed"] == 50000
+    assert sum(ok for task, _, _, ok in result["judged"]["images"] if task == "two_object") == \
+        result["right_of"]["two_object"][0]
+    assert {sample for _, _, sample, _ in result["judged"]["images"]} == {0, 1}
     assert "| color_attr |" in (tmp_path / "a" / "report.md").read_text()
     assert "guidance 1.0." in (tmp_path / "a" / "report.md").read_text()
     # guided at some timesteps only: the report says which, or it could not be told from guidance at every step

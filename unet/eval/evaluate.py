@@ -32,6 +32,7 @@ from .map_scoring import (
     one_pass,
     self_attention_entropy,
 )
+from .paired import judged
 from .prompts import (
     OPPOSITE_RELATIONS,
     PAIRED_AXES,
@@ -68,7 +69,8 @@ def generate_batches(pipe, prompts: list[EvalPrompt], seeds: int, base_seed: int
             p = chunk[i // seeds]
             found = detect(image)
             ok, matched = check(p, found)
-            records.append({"task": p.task, "prompt": p.prompt, "ok": ok, "image": image, "relation": p.relation,
+            records.append({"task": p.task, "prompt": p.prompt, "sample": i % seeds, "ok": ok, "image": image,
+                            "relation": p.relation,
                             "centers": [None if m is None else m.center for m in matched],
                             "grain": background_grain(image, found), "batch": len(batches), "index": i})
             words = prompt_words(pipe.tokenizer, p.prompt)
@@ -98,6 +100,7 @@ def prompt_following_on_fresh_seeds(pipe, seeds: int, base_seed: int, steps: int
         result["and_order"] = and_order(records)
     result["right_of"] = {task: [sum(r["ok"] for r in records if r["task"] == task),
                                  sum(r["task"] == task for r in records)] for task in tasks}
+    result["judged"] = judged(records, base_seed)  # for a paired comparison with another model (paired.py)
     result["settings"] = {"seeds": seeds, "base_seed": base_seed, "steps": steps, "guidance": guidance,
                           "tasks": list(tasks), "prompts": len(prompts)}
     return result
@@ -205,7 +208,8 @@ def run_evaluation(pipe, seeds: int = 4, steps: int = 25, guidance: float | None
                              "and_order": and_order(records),
                              "relation_response_paired": paired_relations(pipe, seeds, steps, guidance),
                              "relation_word_similarity": relation_word_similarity(pipe),
-                             "layout_response": layout_response(pipe, steps=steps)},
+                             "layout_response": layout_response(pipe, steps=steps),
+                             "judged": judged(records, 0)},
         "key_separation": key_separation(pipe),
         "maps": {**generated["ours"], "aggregation": selection_name},
         "readouts": {name: {**generated[name], "params": readouts[name][0]} for name in READOUTS},

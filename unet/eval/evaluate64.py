@@ -19,6 +19,7 @@ from ..pipeline import default_guidance
 from .detect64 import detect
 from .map_scoring import Batch, best_threshold
 from .maps64 import collect64, dataset_batch64, map_scores64, word_entries
+from .paired import judged
 from .prompts import and_order, background_grain
 from .prompts64 import TASKS64, EvalPrompt64, check64, eval_prompts64, prompt_following64
 
@@ -60,7 +61,7 @@ def sample_and_judge(pipe, prompts: list[EvalPrompt64], seeds: int, base_seed: i
         for i, image in enumerate(to_uint8(images)):
             p = chunk[i // seeds]
             record = judge64(p, image)
-            records.append({**record, "image": image})
+            records.append({**record, "sample": i % seeds, "image": image})
             if record_maps:
                 entries += word_entries(i, pipe.tokenizer, p.prompt, p.description.word_objects(),
                                         object_masks(p, record["matched"]))
@@ -81,7 +82,8 @@ def run_evaluation64(pipe, seeds: int = 4, steps: int = 25, guidance: float | No
     records, batches = sample_and_judge(pipe, prompts, seeds, 0, steps, guidance)
     threshold = best_threshold(collect64(select_batches, "ours", size)["shape_words"])
     dataset = [dataset_batch64(pipe, dataset_images, dataset_timestep)]
-    return {"prompt_following": {**prompt_following64(records), "and_order": and_order(records)},
+    return {"prompt_following": {**prompt_following64(records), "and_order": and_order(records),
+                                 "judged": judged(records, 0)},
             "maps": map_scores64(collect64(batches, "ours", size), threshold),
             "maps_dataset": {**map_scores64(collect64(dataset, "ours", size), threshold),
                              "timestep": dataset_timestep, "images": dataset_images},
