@@ -113,9 +113,8 @@ def model_folder(model: str | Path | None) -> Path:
 
 def missing_model(model: str | Path) -> str:
     """The one line for a `--model` that is neither a folder nor a shipped model's name."""
-    line = (f"model folder {model} does not exist; the shipped models are {', '.join(shipped_models())} (by name: "
+    return (f"model folder {model} does not exist; the shipped models are {', '.join(shipped_models())} (by name: "
             f"--model NAME), or give the path of a pipeline folder")
-    return line
 
 
 def model_label(model: str | Path | None) -> str:
