@@ -314,7 +314,7 @@ def test_fresh_seeds_score_prompt_following_alone_on_noise_the_report_never_uses
         assert images == 2 * sum(p.task == task for p in eval_prompts()) and result[task] == right / images
     assert runs[0]["right_of"] == runs[1]["right_of"]
     # each image's verdict, kept for scripts/compare.py: the counts above, image for image, from seed 50000
-    assert result["judged"]["base_seed"] == 50000
+    assert result["judged"]["base_seed"] == 50000 and result["settings"]["scheduler"] == "ddim"
     assert sum(ok for task, _, _, ok in result["judged"]["images"] if task == "two_object") == \
         result["right_of"]["two_object"][0]
     assert {sample for _, _, sample, _ in result["judged"]["images"]} == {0, 1}

@@ -293,12 +293,13 @@ def fresh_seeds_main(pipe, args) -> int:
     """`--fresh-seeds BASE`: prompt following alone on other noise, as report.json and report.md."""
     result = prompt_following_on_fresh_seeds(pipe, args.seeds, args.fresh_seeds, args.steps, args.guidance,
                                              tuple(args.tasks), progress=not args.quiet)
-    result["settings"].update(guided_at(pipe))
+    result["settings"].update(scheduler=args.scheduler, **guided_at(pipe))
     report = {"model": model_label(args.model), "date": datetime.date.today().isoformat(),
               "prompt_following": result}
     lines = [f"# Prompt following of {report['model']} on fresh seeds ({report['date']})", "",
-             f"{args.seeds} images per prompt from seed {args.fresh_seeds}, {args.steps} DDIM steps, "
-             f"{guidance_words(result['settings'])}.", "", "| task | accuracy | right / images |", "|---|---|---|"]
+             f"{args.seeds} images per prompt from seed {args.fresh_seeds}, {args.steps} "
+             f"{args.scheduler.upper()} steps, {guidance_words(result['settings'])}.", "",
+             "| task | accuracy | right / images |", "|---|---|---|"]
     lines += [f"| {task} | {fmt(result[task])} | {right} / {n} |" for task, (right, n) in result["right_of"].items()]
     lines += ["", *and_order_markdown(result)]
 
