@@ -9,6 +9,7 @@ import torch
 from conftest import OLD_SCENES_32, tiny_config
 
 from crossattn import PositionEmbedding2D, SpatialTransformer
+from unet import checkpoint
 from unet.cli import train as train_script
 from unet.model import UNet
 from unet.pipeline import load_pipeline
@@ -280,6 +281,13 @@ def test_a_run_folder_evaluates_as_its_checkpoints_ema_pipeline(trained_run, tmp
     images = [p("a red circle", generator=torch.Generator().manual_seed(2), num_inference_steps=3, output_type="np",
                 show_progress=False).images for p in (pipe, trainer.pipeline())]
     assert (images[0] == images[1]).all()
+    # --last-step: the checkpoint's own weights, as the trainer holds them after its last step
+    tensors, _ = checkpoint.load(trained_run / "checkpoint.safetensors")
+    last = run_pipeline(trained_run, ema=False).unet.state_dict()
+    assert all(torch.equal(v, tensors[f"unet.{k}"]) for k, v in last.items())
+    assert not all(torch.equal(v, tensors[f"ema.{k}"]) for k, v in last.items())
+    assert evaluate_script.main(["--model", "scenes-32", "--last-step", "--out", str(tmp_path / "x")]) == 2
+    assert "--last-step reads a training run folder's checkpoint" in capsys.readouterr().err
     out = tmp_path / "relations"
     assert evaluate_script.main(["--model", str(trained_run), "--relations-only", "--seeds", "1", "--steps", "2",
                                  "--out", str(out), "--quiet"]) == 0

@@ -198,17 +198,18 @@ def text_replaced(text_encoder, tensors: dict) -> bool:
     return any(k not in own or own[k].shape != v.shape or not torch.equal(own[k], v) for k, v in saved.items())
 
 
-def run_pipeline(folder: Path, scheduler: str = "ddim") -> ScenePipeline:
-    """The EMA model of a run folder's checkpoint as a pipeline, whatever its text side: runs of an ablation
-    encoder have no pipeline folder (those are not diffusers parts), and a running run's latest checkpoint
-    can be evaluated between snapshots. The folder is only read."""
+def run_pipeline(folder: Path, scheduler: str = "ddim", ema: bool = True) -> ScenePipeline:
+    """The EMA model of a run folder's checkpoint as a pipeline (or, `ema=False`, its last step's own weights),
+    whatever its text side: runs of an ablation encoder have no pipeline folder (those are not diffusers parts),
+    and a running run's latest checkpoint can be evaluated between snapshots. The folder is only read."""
     check_resumable(folder, flag="--model")
     cfg = resumed_config(TrainConfig(out=str(folder)), json.loads((folder / "train_config.json").read_text()))
     tokenizer = None if cfg.text.clip else load_tokenizer(folder / "tokenizer")  # the run's own vocabulary
     tokenizer, text_encoder, unet = build_components(cfg, folder, tokenizer)
     tensors, _ = checkpoint.load(folder / "checkpoint.safetensors")
-    text = [("ema_text", text_encoder)] if cfg.text.text_checkpointed else []  # a frozen CLIP alone is its folder's
-    for prefix, module in [("ema", unet), *text]:
+    unet_prefix, text_prefix = ("ema", "ema_text") if ema else ("unet", "text")
+    text = [(text_prefix, text_encoder)] if cfg.text.text_checkpointed else []  # a frozen CLIP alone is its folder's
+    for prefix, module in [(unet_prefix, unet), *text]:
         # a folder --grow-from just made holds its source's checkpoint until its first save: grow it here too
         load_weights(module, tensors, prefix, folder / "checkpoint.safetensors")
         module.requires_grad_(False).eval()

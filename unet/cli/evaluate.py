@@ -83,6 +83,9 @@ def parse_args(argv=None):
                         "(e.g. --fresh-seeds 50000 --seeds 24)")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
                    help="with --fresh-seeds: the tasks to sample (default: all)")
+    p.add_argument("--last-step", action="store_true",
+                   help="with --model RUN (a training run folder): evaluate the checkpoint's last-step weights, "
+                        "not their EMA (which the run's pipeline holds)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--readme", default=None, metavar="PAGE",
                    help="also rewrite the maps tables of this page (its '<!-- maps: begin -->' ... "
@@ -183,9 +186,12 @@ def load_model(args):
         if not (folder / "checkpoint.safetensors").is_file():
             raise UsageError(f"--model {folder} is a run folder without a checkpoint.safetensors to evaluate")
         try:
-            return run_pipeline(folder, args.scheduler)
+            return run_pipeline(folder, args.scheduler, ema=not args.last_step)
         except (ValueError, TypeError, RuntimeError, OSError) as e:  # TypeError: a config key this code lacks
             raise UsageError(f"--model {folder}: not a run folder this code can load: {e}") from e
+    if args.last_step:
+        raise UsageError(f"--last-step reads a training run folder's checkpoint; --model {args.model} is not one "
+                         "(give the run folder, the one with train_config.json and checkpoint.safetensors)")
     return load_pipeline(args.model, scheduler=args.scheduler, show_progress=not args.quiet)
 
 
