@@ -286,6 +286,10 @@ def test_a_run_folder_evaluates_as_its_checkpoints_ema_pipeline(trained_run, tmp
     last = run_pipeline(trained_run, ema=False).unet.state_dict()
     assert all(torch.equal(v, tensors[f"unet.{k}"]) for k, v in last.items())
     assert not all(torch.equal(v, tensors[f"ema.{k}"]) for k, v in last.items())
+    assert evaluate_script.main(["--model", str(trained_run), "--last-step", "--fresh-seeds", "50000", "--seeds", "1",
+                                 "--steps", "2", "--tasks", "two_object", "--out", str(tmp_path / "last"),
+                                 "--quiet"]) == 0
+    assert json.loads((tmp_path / "last" / "report.json").read_text())["model"] == f"{trained_run} (last-step weights)"
     assert evaluate_script.main(["--model", "scenes-32", "--last-step", "--out", str(tmp_path / "x")]) == 2
     assert "--last-step reads a training run folder's checkpoint" in capsys.readouterr().err
     out = tmp_path / "relations"

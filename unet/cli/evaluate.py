@@ -195,6 +195,11 @@ def load_model(args):
     return load_pipeline(args.model, scheduler=args.scheduler, show_progress=not args.quiet)
 
 
+def evaluated_model(args) -> str:
+    """What the report calls the model: the folder (or shipped name) given, and whether it is a run's last step."""
+    return model_label(args.model) + (" (last-step weights)" if args.last_step else "")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     with sigterm_as_interrupt():
@@ -234,7 +239,7 @@ def evaluation_main(pipe, args) -> int:
     report, records, batches, selection = run_evaluation(
         pipe, seeds=args.seeds, steps=args.steps, guidance=args.guidance, dataset_images=args.dataset_images,
         dataset_timestep=args.dataset_timestep, quick=args.quick, progress=not args.quiet)
-    report["model"] = model_label(args.model)
+    report["model"] = evaluated_model(args)
     report["settings"]["scheduler"] = args.scheduler
     report["settings"].update(guided_at(pipe))
     report["date"] = datetime.date.today().isoformat()
@@ -256,7 +261,7 @@ def evaluation64_main(pipe, args) -> int:
     images, every prompt."""
     report = run_evaluation64(pipe, seeds=args.seeds, steps=args.steps, guidance=args.guidance,
                               dataset_images=args.dataset_images, dataset_timestep=args.dataset_timestep)
-    report["model"], report["world"] = model_label(args.model), "scenes-64"
+    report["model"], report["world"] = evaluated_model(args), "scenes-64"
     report["settings"]["scheduler"] = args.scheduler
     report["settings"].update(guided_at(pipe))
     report["date"] = datetime.date.today().isoformat()
@@ -273,7 +278,7 @@ def relations_main(pipe, args) -> int:
     """`--relations-only`: the paired relation response, the relation words' similarity, the layout response and
     the key separation, as report.json and report.md."""
     guidance = default_guidance(pipe) if args.guidance is None else args.guidance
-    report = {"model": model_label(args.model), "date": datetime.date.today().isoformat(),
+    report = {"model": evaluated_model(args), "date": datetime.date.today().isoformat(),
               "settings": {"seeds": args.seeds, "steps": args.steps, "guidance": guidance,
                            "scheduler": args.scheduler, "relations_only": True, **guided_at(pipe)},
               "relation_response_paired": paired_relations(pipe, args.seeds, args.steps, guidance),
@@ -300,7 +305,7 @@ def fresh_seeds_main(pipe, args) -> int:
     result = prompt_following_on_fresh_seeds(pipe, args.seeds, args.fresh_seeds, args.steps, args.guidance,
                                              tuple(args.tasks), progress=not args.quiet)
     result["settings"].update(scheduler=args.scheduler, **guided_at(pipe))
-    report = {"model": model_label(args.model), "date": datetime.date.today().isoformat(),
+    report = {"model": evaluated_model(args), "date": datetime.date.today().isoformat(),
               "prompt_following": result}
     lines = [f"# Prompt following of {report['model']} on fresh seeds ({report['date']})", "",
              f"{args.seeds} images per prompt from seed {args.fresh_seeds}, {args.steps} "
@@ -324,7 +329,7 @@ def control_main(pipe, args) -> int:
     date = datetime.date.today().isoformat()
     report, records = run_control_evaluation(pipe, args.control, args.seeds, args.steps, args.guidance, args.quick,
                                              args.reweight_factor, progress=not args.quiet)
-    report["model"], report["date"] = model_label(args.model), date
+    report["model"], report["date"] = evaluated_model(args), date
     report["settings"].update(guided_at(pipe))
     title = f"Control by {args.control}: {report['model']} ({date})"
     out = publish_report(args, lambda folder: write_control(report, records, folder, title))
