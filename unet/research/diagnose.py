@@ -34,7 +34,9 @@ walls moved elsewhere as a control, and with the objects reading each other more
 settle their shapes by reading each other?
 counts (a model of world scenes-64 only): for the evaluation's counting prompts ("three diamonds"), how many objects
 of the named shape each image holds, by the count asked, on fresh seeds (16 per prompt from seed 60000 by default):
-is a miss one too many, one too few, or another shape?
+is a miss one too many, one too few, or another shape? At the model's own guidance, or at `--guidance`, guided
+only at the timesteps `--guidance-min-t` to `--guidance-max-t`: does guidance where layout is decided draw the
+count asked?
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -512,22 +514,24 @@ def word_merging(pipe, zeroed=(0, 1, 2, 3)) -> dict:
 COUNTS_BASE_SEED = 60_000  # noise the scenes-64 evaluation's seeds (0 and 10,000 on) never use
 
 
-def counts_drawn(pipe, seeds: int, base_seed: int = COUNTS_BASE_SEED) -> dict:
-    """A scenes-64 model's counting prompts, `seeds` images each: {"drawn": {asked: {objects of that shape found:
-    images}}, "exact": {asked: share drawn exactly}}. The detector is the evaluation's, so "exact" is its counting
-    task on other seeds."""
+def counts_drawn(pipe, seeds: int, base_seed: int = COUNTS_BASE_SEED, guidance: float | None = None) -> dict:
+    """A scenes-64 model's counting prompts, `seeds` images each, sampled at `guidance` (None: the model's own) within
+    the pipeline's guided timesteps: {"drawn": {asked: {objects of that shape found: images}}, "exact": {asked: share
+    drawn exactly}}. The detector is the evaluation's, so "exact" is its counting task on other seeds."""
     from unet.eval.detect64 import detect as detect64
     from unet.eval.evaluate64 import sample_and_judge
     from unet.eval.prompts64 import eval_prompts64
     prompts = [p for p in eval_prompts64() if p.task == "counting"]
-    records, _ = sample_and_judge(pipe, prompts, seeds, base_seed, 25, default_guidance(pipe), record_maps=False)
+    guidance = default_guidance(pipe) if guidance is None else guidance
+    records, _ = sample_and_judge(pipe, prompts, seeds, base_seed, 25, guidance, record_maps=False)
     drawn = {}
     for k, record in enumerate(records):  # prompt by prompt, `seeds` images each
         group = prompts[k // seeds].description.groups[0]
         found = sum(d.shape == group.shape for d in detect64(record["image"]))
         row = drawn.setdefault(str(group.count), Counter())
         row[str(found)] += 1
-    return {"seeds": seeds, "base_seed": base_seed, "drawn": {n: dict(sorted(row.items())) for n, row in drawn.items()},
+    return {"seeds": seeds, "base_seed": base_seed, "guidance": guidance,
+            "guided_t": [pipe.config.get("guidance_min_t", 0), pipe.config.get("guidance_max_t")], "drawn": {n: dict(sorted(row.items())) for n, row in drawn.items()},
             "exact": {n: row[n] / sum(row.values()) for n, row in drawn.items()}}
 
 
@@ -541,7 +545,12 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=None, help="seeds per prompt (default 4; two-objects: 24, the "
                    "images of evaluate.py --fresh-seeds 50000 --seeds 24; counts: 16)")
     p.add_argument("--guidance", type=float, default=None,
-                   help="first-step: guidance of the x0 estimate (default: the model's own)")
+                   help="first-step: guidance of the x0 estimate; counts: guidance of the sampling (default: the "
+                   "model's own)")
+    p.add_argument("--guidance-min-t", type=int, default=None,
+                   help="counts: guide only at timesteps >= this (default: the model's own)")
+    p.add_argument("--guidance-max-t", type=int, default=None,
+                   help="counts: guide only at timesteps <= this (default: the model's own)")
     args = p.parse_args(argv)
     if args.seeds is None:
         args.seeds = (24 if args.what in ("two-objects", "text-routes", "self-attention-wall") else
@@ -551,6 +560,7 @@ def main(argv=None) -> int:
             if args.seeds < 1:
                 raise UsageError(f"--seeds must be a positive integer, got {args.seeds}")
             check_guidance(args.guidance)
+            check_guidance_flags(args)
             check_out_dir(args.out)
             with hold_folder(args.out):  # one writer per folder: a second command into it is refused
                 return diagnose(args)
@@ -560,6 +570,28 @@ def main(argv=None) -> int:
             return write_failed(e, f"{args.what}.json into {args.out}")
         except KeyboardInterrupt as e:
             return interrupted(e, "nothing was written")
+
+
+def check_guidance_flags(args) -> None:
+    """UsageError for a guidance flag that the diagnosis `args.what` would ignore."""
+    takes = {"--guidance": ("first-step", "counts"), "--guidance-min-t": ("counts",), "--guidance-max-t": ("counts",)}
+    for flag, whats in takes.items():
+        if getattr(args, flag[2:].replace("-", "_")) is not None and args.what not in whats:
+            raise UsageError(f"{flag} applies to diagnose {' and '.join(whats)}, not {args.what}; leave it out")
+
+
+def guide_only_within(pipe, low: int | None, high: int | None) -> None:
+    """Guide `pipe` only at timesteps in [low, high] (None keeps the pipeline's own bound), as evaluate.py's
+    --guidance-max-t does; UsageError for a bound outside the scheduler's timesteps or a range with none in it."""
+    last = pipe.scheduler.config.num_train_timesteps - 1
+    for flag, t in (("--guidance-min-t", low), ("--guidance-max-t", high)):
+        if t is not None and not 0 <= t <= last:
+            raise UsageError(f"{flag} must be a timestep from 0 to {last} (the scheduler's), got {t}")
+    if low is not None and high is not None and low > high:
+        raise UsageError(f"--guidance-min-t {low} is above --guidance-max-t {high}: no timestep would be guided")
+    for field, t in (("guidance_min_t", low), ("guidance_max_t", high)):
+        if t is not None:
+            pipe.register_to_config(**{field: t})
 
 
 def diagnose(args) -> int:
@@ -605,7 +637,8 @@ def diagnose(args) -> int:
     elif args.what == "self-attention-wall":
         result["self_attention_wall"] = self_attention_wall(pipe, seeds=args.seeds)
     elif args.what == "counts":
-        result["counts"] = counts_drawn(pipe, args.seeds)
+        guide_only_within(pipe, args.guidance_min_t, args.guidance_max_t)
+        result["counts"] = counts_drawn(pipe, args.seeds, guidance=args.guidance)
     elif args.what == "grain":
         result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
     else:
