@@ -82,7 +82,8 @@ def test_diagnose_counts_tells_each_asked_count_what_was_drawn(tiny64_pipeline_d
 def test_diagnose_counts_samples_at_the_guidance_asked_and_refuses_flags_it_would_ignore(tiny64_pipeline_dir,
                                                                                         tmp_path, capsys):
     """counts takes a guidance scale and the guided timesteps, and records them; a guidance flag another diagnosis
-    would ignore, a bound outside the scheduler's timesteps and an empty range are refused before anything is written."""
+    would ignore, a bound outside the scheduler's timesteps and an empty range are refused before anything is
+    written."""
     assert diagnose_script.main(["counts", "--model", str(tiny64_pipeline_dir), "--out", str(tmp_path / "d"),
                                  "--seeds", "1", "--guidance", "2", "--guidance-min-t", "500"]) == 0
     counts = json.loads((tmp_path / "d" / "counts.json").read_text())["counts"]
@@ -91,7 +92,8 @@ def test_diagnose_counts_samples_at_the_guidance_asked_and_refuses_flags_it_woul
     for argv, says in ((["words", "--guidance-max-t", "500"], "--guidance-max-t applies to diagnose counts, not words"),
                        (["grain", "--guidance", "2"], "--guidance applies to diagnose first-step and counts"),
                        (["counts", "--guidance-min-t", "1000"], "--guidance-min-t must be a timestep from 0 to 999"),
-                       (["counts", "--guidance-min-t", "600", "--guidance-max-t", "500"], "no timestep would be guided")):
+                       (["counts", "--guidance-min-t", "600", "--guidance-max-t", "500"],
+                        "no timestep would be guided")):
         capsys.readouterr()
         rc = diagnose_script.main([*argv, "--model", str(tiny64_pipeline_dir), "--out", str(tmp_path / "e")])
         err = capsys.readouterr().err

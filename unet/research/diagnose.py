@@ -531,7 +531,8 @@ def counts_drawn(pipe, seeds: int, base_seed: int = COUNTS_BASE_SEED, guidance: 
         row = drawn.setdefault(str(group.count), Counter())
         row[str(found)] += 1
     return {"seeds": seeds, "base_seed": base_seed, "guidance": guidance,
-            "guided_t": [pipe.config.get("guidance_min_t", 0), pipe.config.get("guidance_max_t")], "drawn": {n: dict(sorted(row.items())) for n, row in drawn.items()},
+            "guided_t": [pipe.config.get("guidance_min_t", 0), pipe.config.get("guidance_max_t")],
+            "drawn": {n: dict(sorted(row.items())) for n, row in drawn.items()},
             "exact": {n: row[n] / sum(row.values()) for n, row in drawn.items()}}
 
 
