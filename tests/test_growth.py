@@ -364,3 +364,47 @@ def test_a_folder_just_grown_evaluates_before_its_first_save(trained_run, tmp_pa
     pipe = run_pipeline(folder)
     assert isinstance(pipe.text_encoder, SideHints) and pipe.text_encoder.gain == 4.0
     assert pipe.text_encoder.side_hint.weight.abs().sum() == 0
+
+
+def test_a_run_started_from_a_pipeline_begins_at_its_weights(tiny_pipeline_dir, tmp_path):
+    """--start-from: a new round on a trained model whose run folder is gone. Step 0, the model's weights (the
+    EMA's too), fresh optimizer moments; the source folder is only read."""
+    pipe = load_pipeline(tiny_pipeline_dir, show_progress=False)
+    trainer = Trainer(tiny_config(tmp_path / "round2", started_from=str(tiny_pipeline_dir), steps=2))
+    assert trainer.step == 0 and not trainer.optimizer.state_dict()["state"]
+    for ours, theirs in ((trainer.unet, pipe.unet), (trainer.ema, pipe.unet), (trainer.text_encoder, pipe.text_encoder),
+                         (trainer.ema_text, pipe.text_encoder)):
+        saved = theirs.state_dict()
+        assert all(torch.equal(v, saved[k]) for k, v in ours.state_dict().items())
+    trainer.train(progress=False)
+    assert not torch.equal(trainer.unet.conv_in.weight, pipe.unet.conv_in.weight)  # it trained on from there
+    cfg = json.loads((tmp_path / "round2" / "train_config.json").read_text())
+    assert cfg["started_from"] == str(tiny_pipeline_dir)
+    # a resume continues from the checkpoint, not from the pipeline again
+    resumed = Trainer(tiny_config(tmp_path / "round2", resume=True, steps=3))
+    assert resumed.step == 2 and torch.equal(resumed.unet.conv_in.weight, trainer.unet.conv_in.weight)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(channels=(8, 32)), "its U-Net is not the one this run builds"),
+    (dict(text_layers=2), "its text encoder is not the one this run builds"),
+    (dict(world="scenes-64", num_samples=0), "is a model of world scenes-32; this run trains world scenes-64"),
+])
+def test_start_from_refuses_a_model_the_settings_do_not_rebuild(tiny_pipeline_dir, tmp_path, settings, message):
+    with pytest.raises(ValueError, match=message):
+        Trainer(tiny_config(tmp_path / "run", started_from=str(tiny_pipeline_dir), **settings))
+
+
+def test_start_from_on_the_command_line(tiny_pipeline_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    # TINY_TRAIN's U-Net has three levels, the pipeline's two: refused in one line, and no run folder is left
+    assert train_script.main(["--out", str(out), *TINY_TRAIN, "--steps", "2", "--start-from",
+                              str(tiny_pipeline_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "its U-Net is not the one this run builds" in err and "Traceback" not in err
+    assert not out.exists() or not any(out.iterdir())
+    for flag in (["--resume"], ["--grow-from", str(tmp_path)]):
+        assert train_script.main(["--out", str(out), "--start-from", str(tiny_pipeline_dir), *flag, "--quiet"]) == 2
+        assert f"--start-from with {flag[0]}" in capsys.readouterr().err
+    assert train_script.main(["--out", str(out), "--start-from", str(tmp_path / "none"), *TINY_TRAIN]) == 2
+    assert "--start-from" in capsys.readouterr().err

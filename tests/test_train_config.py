@@ -26,8 +26,8 @@ def test_a_flat_train_config_from_before_the_groups_reads_back_to_the_same_setti
     cfg = TrainConfig.from_flat(**without_retired(saved))
     cfg.validate()
     kept = {name: value for name, value in saved.items() if name not in RETIRED}
-    # written back flat, key for key, less the retired ones, with the one setting added since at its default
-    assert json.loads(json.dumps(cfg.flat())) == {**kept, "muon_update_rms": 0.2}
+    # written back flat, key for key, less the retired ones, with the settings added since at their defaults
+    assert json.loads(json.dumps(cfg.flat())) == {**kept, "muon_update_rms": 0.2, "started_from": None}
     assert (cfg.data.world, cfg.optimizer.algorithm, cfg.data.folder, cfg.schedule.steps) == (
         "scenes-64", "muon", None, 10000)
     # what `--resume --steps 12000 --max-minutes 5` of a copy of the folder trains with

@@ -28,6 +28,7 @@ from accelerate import Accelerator
 from torch.profiler import record_function
 from tqdm.auto import tqdm
 
+from crossattn.errors import UsageError
 from crossattn.text import load_text_encoder, load_tokenizer, new_text_encoder, save_vocabulary
 
 from . import checkpoint
@@ -36,7 +37,7 @@ from .folders import partial_folder, publish, remove_stale_temp_files
 from .growth import load_weights, remap_moments
 from .model import UNet
 from .muon import MuonAdamW, is_muon_matrix
-from .pipeline import ScenePipeline, make_scheduler
+from .pipeline import ScenePipeline, load_pipeline, make_scheduler
 from .recipe import (
     colour_pairs,
     cross_attention_weights,
@@ -196,6 +197,34 @@ def text_replaced(text_encoder, tensors: dict) -> bool:
     own = text_encoder.state_dict()
     saved = {k[len("text."):]: v for k, v in tensors.items() if k.startswith("text.")}
     return any(k not in own or own[k].shape != v.shape or not torch.equal(own[k], v) for k, v in saved.items())
+
+
+def start_from_pipeline(cfg: TrainConfig, tokenizer, text_encoder, unet) -> None:
+    """Load the U-Net and text encoder weights of the pipeline `cfg.started_from` (a folder, or a shipped model's
+    name) into this run's fresh ones: a new round of training on a model whose run folder, and so its optimizer
+    moments, are gone. ValueError, one line, for a pipeline this run's settings do not rebuild: another world,
+    vocabulary or architecture."""
+    source = cfg.started_from
+    try:
+        pipe = load_pipeline(source, show_progress=False)
+    except UsageError as e:
+        raise ValueError(f"--start-from {source}: {e}") from e
+    world = getattr(pipe, "world", None)
+    if not isinstance(pipe, ScenePipeline) or world != cfg.data.world:
+        raise ValueError(f"--start-from {source} is {'a model of world ' + world if world else 'not a crossattn model'}"
+                         f"; this run trains world {cfg.data.world}: give a model of that world, or its recipe")
+    if pipe.tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"--start-from {source} reads another vocabulary than this run's: its token ids would "
+                         "name other words")
+    for part, module, trained in (("U-Net", unet, pipe.unet), ("text encoder", text_encoder, pipe.text_encoder)):
+        own, saved = module.state_dict(), trained.state_dict()
+        differ = sorted(k for k in own.keys() | saved.keys()
+                        if k not in own or k not in saved or own[k].shape != saved[k].shape)
+        if differ:
+            raise ValueError(f"--start-from {source}: its {part} is not the one this run builds ({differ[0]!r} "
+                             f"differs, {len(differ)} tensors in all); train with the settings it was made with "
+                             f"(its train_config.json or recipe)")
+        module.load_state_dict(saved)
 
 
 def run_pipeline(folder: Path, scheduler: str = "ddim", ema: bool = True) -> ScenePipeline:
@@ -429,6 +458,8 @@ class Trainer:
             (self.out / "recipe.resolved.toml").write_text(dump_recipe(cfg, RESOLVED_HEADER))
 
         self.tokenizer, self.text_encoder, self.unet = build_components(cfg, self.out)
+        if cfg.started_from and not cfg.resume:  # a resumed run's checkpoint holds the weights it trained since
+            start_from_pipeline(cfg, self.tokenizer, self.text_encoder, self.unet)
         self.unet.to(memory_format=torch.channels_last)  # ~20% faster convolutions on CPU (oneDNN)
         self.ema = copy.deepcopy(self.unet).requires_grad_(False)
         self.ema_text = copy.deepcopy(self.text_encoder).requires_grad_(False)

@@ -320,6 +320,9 @@ class TrainConfig:
     # 2-core CPU the workers would only take the training's core.
     data_workers: int = 0
     grown_from: str | None = None  # "RUN@STEP": the trained run this one continues with added parts (`grow`)
+    # a trained pipeline (a folder or a shipped model's name) whose U-Net and text encoder this run starts from, at
+    # step 0, with fresh optimizer moments and its own schedule: a second round on a model whose run folder is gone
+    started_from: str | None = None
 
     @classmethod
     def from_flat(cls, **values) -> TrainConfig:

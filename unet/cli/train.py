@@ -85,9 +85,16 @@ def parse_args(argv=None):
                         "--key-separation-weight (with --key-margin), --lr-schedule (with --min-lr, --decay-start, "
                         "--decay-steps: a cooldown of a constant run) (everything else as RUN has it); RUN is only "
                         "read")
+    p.add_argument("--start-from", metavar="MODEL", default=None,
+                   help="start this new run from the weights of a trained pipeline (a folder, or a shipped model's "
+                        "name such as scenes-64) instead of from nothing: step 0, the recipe's or flags' schedule, "
+                        "fresh optimizer moments, and the settings must rebuild MODEL's world, vocabulary and "
+                        "architecture. For a model whose run folder is gone; a run folder continues with --resume "
+                        "or --grow-from")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for name, value in DEFAULTS.items():
-        if name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from") or isinstance(value, tuple):
+        if name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from", "started_from") or isinstance(
+                value, tuple):
             continue
         default = None if name in GROWTH or name == "steps" else value
         if isinstance(value, bool):
@@ -149,7 +156,7 @@ def saved_steps(out: Path) -> int | None:
 
 
 # settings of one call, not of the run: a continued run takes them from its command line
-CALL_SETTINGS = ("out", "steps", "max_minutes", "data_workers", "resume", "grown_from")
+CALL_SETTINGS = ("out", "steps", "max_minutes", "data_workers", "resume", "grown_from", "started_from")
 
 
 def refuse_dropped(args, run: TrainConfig, may_change: tuple, why: str) -> None:
@@ -248,6 +255,21 @@ def training_config(args) -> TrainConfig:
         raise UsageError(f"--text-lr with --clip {args.clip}: grow {source} onto that frozen CLIP first, then grow "
                          "that run with --text-lr (the checkpoint's text weights are its source's own until then)")
     return cfg.replace(**changes, grown_from=f"{source}@{step}", resume=False)
+
+
+def command_config(args) -> TrainConfig:
+    """The TrainConfig of the whole command line: `training_config`'s, starting from the trained pipeline
+    --start-from names (its weights are loaded by the Trainer, which checks that this config rebuilds them).
+    UsageError for --start-from with --resume or --grow-from: those continue a run folder."""
+    if args.start_from is None:
+        return training_config(args)
+    for flag in ("resume", "grow_from"):
+        if flag in args.given:
+            raise UsageError(f"--start-from with --{flag.replace('_', '-')}: --start-from begins a new run from a "
+                             f"pipeline's weights, --{flag.replace('_', '-')} continues a run folder; give one")
+    if not str(args.start_from).strip():
+        raise UsageError("--start-from is empty (''): give a pipeline folder or a shipped model's name")
+    return training_config(args).replace(started_from=str(args.start_from))
 
 
 def refuse_changes_on_resume(args) -> None:
@@ -369,7 +391,7 @@ def _main(args) -> int:
             check_out_dir(args.make_data, "--make-data")
             with hold_folder(args.make_data, "--make-data"):  # written in place: one writer at a time
                 return make_data(args)
-        cfg = training_config(args)
+        cfg = command_config(args)
         check_config(cfg)
         if cfg.resume:
             refuse_changes_on_resume(args)
