@@ -193,6 +193,33 @@ def test_evaluate_runs_the_world_evaluation_on_a_64_model(tiny64_run, tmp_path, 
     assert not (tmp_path / "rel").exists()
 
 
+def test_fresh_seeds_measure_a_64_model_on_other_noise(tiny64_run, tmp_path, capsys):
+    """--fresh-seeds BASE on a scenes-64 model: its seven tasks, held-out prompts apart, sampled from BASE (the
+    judged images record it), no maps; the same BASE gives the same report, --tasks (scenes-32's) is refused."""
+    pipe = str(tiny64_run / "pipeline")
+    reports = []
+    for out in (tmp_path / "a", tmp_path / "b"):
+        assert evaluate_script.main(["--model", pipe, "--fresh-seeds", "500", "--seeds", "1", "--steps", "1",
+                                     "--out", str(out), "--quiet"]) == 0
+        reports.append(json.loads((out / "report.json").read_text()))
+    report = reports[0]
+    assert report["world"] == "scenes-64" and report["settings"]["base_seed"] == 500
+    assert "maps" not in report and report["settings"]["prompts"] == 189
+    pf = report["prompt_following"]
+    assert pf["judged"]["base_seed"] == 500 and sum(pf["n_images"].values()) == 189
+    assert set(pf["held_out"]) >= {"counting", "size_attr", "overall"}
+    assert reports[1]["prompt_following"]["judged"] == pf["judged"]
+    markdown = (tmp_path / "a" / "report.md").read_text()
+    assert "from seed 500" in markdown and "| counting |" in markdown and "Map accuracy" not in markdown
+    assert "report: " in capsys.readouterr().out
+    one_line_error(capsys, evaluate_script.main(["--model", pipe, "--fresh-seeds", "500", "--tasks", "colors",
+                                                 "--out", str(tmp_path / "c"), "--quiet"]),
+                   "--tasks measures scenes-32's prompts")
+    one_line_error(capsys, evaluate_script.main(["--model", pipe, "--fresh-seeds", str(2**64 - 101), "--out",
+                                                 str(tmp_path / "d"), "--quiet"]), "--fresh-seeds must be a seed")
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
 def test_the_benchmark_compares_only_a_scenes_32_model_with_the_previous_architecture(tiny64_run, tiny_pipeline_dir):
     """The previous architecture is a 32-px model of scenes-32: side by side with a scenes-64 model its rows would
     compare two worlds. The other rows (fewer sampling steps, the model's own guidance) hold for any model."""

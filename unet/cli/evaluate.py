@@ -38,7 +38,7 @@ from unet.eval.evaluate import (
     relation_word_similarity,
     run_evaluation,
 )
-from unet.eval.evaluate64 import run_evaluation64
+from unet.eval.evaluate64 import prompt_following64_on_fresh_seeds, run_evaluation64
 from unet.eval.layout import COMBOS, POSITION_PAIRS, key_separation, layout_prompt, layout_response
 from unet.eval.prompts import PAIRED_AXES, TASKS, eval_prompts
 from unet.eval.prompts64 import eval_prompts64
@@ -80,9 +80,9 @@ def parse_args(argv=None):
     p.add_argument("--fresh-seeds", type=int, default=None, metavar="BASE",
                    help="only prompt following (no maps), on --seeds images per prompt from seed BASE: noise the "
                         "report's seeds never use, the same for every model, to tell a difference from noise "
-                        "(e.g. --fresh-seeds 50000 --seeds 24)")
+                        "(e.g. --fresh-seeds 50000 --seeds 24); a scenes-64 model: all seven of its tasks")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
-                   help="with --fresh-seeds: the tasks to sample (default: all)")
+                   help="with --fresh-seeds, a scenes-32 model: the tasks to sample (default: all)")
     p.add_argument("--last-step", action="store_true",
                    help="with --model RUN (a training run folder): evaluate the checkpoint's last-step weights, "
                         "not their EMA (which the run's pipeline holds)")
@@ -154,13 +154,17 @@ def check_model_args(pipe, args) -> None:
     long enough for every prompt the evaluation samples (a cut prompt would be judged on words the model never
     saw), and for a model of world scenes-64 (`pipe.world`), only the measurement that has its prompts."""
     if pipe.world == "scenes-64":
-        scenes_32_only = (("--relations-only", args.relations_only), ("--fresh-seeds", args.fresh_seeds is not None),
+        scenes_32_only = (("--relations-only", args.relations_only), ("--tasks", args.tasks != list(TASKS)),
                           ("--control", args.control is not None), ("--readme", args.readme is not None))
         for flag, given in scenes_32_only:
             if given:
                 raise UsageError(f"{flag} measures scenes-32's prompts; {model_label(args.model)} is a model of world "
                                  "scenes-64, which takes the full evaluation of its own world (leave out the flag)")
         prompts = [p.prompt for p in eval_prompts64()]
+        last = len(prompts) - 1  # sample_and_judge seeds each batch with BASE + its first prompt's index
+        if args.fresh_seeds is not None and args.fresh_seeds > MAX_SEED - last:
+            raise UsageError(f"--fresh-seeds must be a seed from 0 to {MAX_SEED - last} (the evaluation seeds its "
+                             f"batches from BASE to BASE + {last}), got {args.fresh_seeds}")
     else:
         prompts = [p.prompt for p in eval_prompts()] + [p.prompt for axis in PAIRED_AXES for p in paired_prompts(axis)]
         prompts += [layout_prompt(template, combo, word) for first, second, _, template in POSITION_PAIRS
@@ -216,8 +220,8 @@ def main(argv=None) -> int:
         torch.manual_seed(0)
         try:
             main_of = (relations_main if args.relations_only else
-                       fresh_seeds_main if args.fresh_seeds is not None else
-                       evaluation64_main if pipe.world == "scenes-64" else evaluation_main)
+                       evaluation64_main if pipe.world == "scenes-64" else
+                       fresh_seeds_main if args.fresh_seeds is not None else evaluation_main)
             return (main_of if args.control is None else control_main)(pipe, args)
         except WRITE_ERRORS as e:
             return write_failed(e, "the report")
@@ -258,18 +262,27 @@ def evaluation_main(pipe, args) -> int:
 def evaluation64_main(pipe, args) -> int:
     """The evaluation of a model of world scenes-64 (`run_evaluation64`: seven tasks with held-out prompts apart, the
     maps of count, size, colour and shape words), as report.json and report.md. --quick: fewer seeds and dataset
-    images, every prompt."""
-    report = run_evaluation64(pipe, seeds=args.seeds, steps=args.steps, guidance=args.guidance,
-                              dataset_images=args.dataset_images, dataset_timestep=args.dataset_timestep)
+    images, every prompt. --fresh-seeds BASE: the seven tasks alone on other noise, no maps
+    (`prompt_following64_on_fresh_seeds`)."""
+    fresh = args.fresh_seeds is not None
+    report = (prompt_following64_on_fresh_seeds(pipe, args.seeds, args.fresh_seeds, args.steps, args.guidance)
+              if fresh else
+              run_evaluation64(pipe, seeds=args.seeds, steps=args.steps, guidance=args.guidance,
+                               dataset_images=args.dataset_images, dataset_timestep=args.dataset_timestep))
     report["model"], report["world"] = evaluated_model(args), "scenes-64"
     report["settings"]["scheduler"] = args.scheduler
     report["settings"].update(guided_at(pipe))
     report["date"] = datetime.date.today().isoformat()
-    title = f"Evaluation of {report['model']}, world scenes-64 ({report['date']})"
+    title = (f"Prompt following of {report['model']} on fresh seeds" if fresh else
+             f"Evaluation of {report['model']}") + f", world scenes-64 ({report['date']})"
     out = publish_report(args, lambda folder: write64(report, folder, title))
-    pf, shapes = report["prompt_following"], report["maps"]["shape_words"]
-    print(f"prompt following overall {fmt(pf['overall'])} (held-out prompts {fmt(pf['held_out']['overall'])}); "
-          f"shape-word mIoU {fmt(shapes['miou'])}, pointing {fmt(shapes['pointing'])}")
+    pf = report["prompt_following"]
+    headline = f"prompt following overall {fmt(pf['overall'])} (held-out prompts {fmt(pf['held_out']['overall'])})"
+    if fresh:
+        print(f"{headline}, {args.seeds} images per prompt from seed {args.fresh_seeds}")
+    else:
+        shapes = report["maps"]["shape_words"]
+        print(f"{headline}; shape-word mIoU {fmt(shapes['miou'])}, pointing {fmt(shapes['pointing'])}")
     print(f"report: {out / 'report.md'}")
     return 0
 

@@ -89,3 +89,17 @@ def run_evaluation64(pipe, seeds: int = 4, steps: int = 25, guidance: float | No
                              "timestep": dataset_timestep, "images": dataset_images},
             "settings": {"seeds": seeds, "selection_seeds": max(1, seeds // 2), "steps": steps, "guidance": guidance,
                          "prompts": len(prompts), "tasks": list(tasks)}}
+
+
+def prompt_following64_on_fresh_seeds(pipe, seeds: int, base_seed: int, steps: int = 25,
+                                      guidance: float | None = None) -> dict:
+    """Prompt following alone, every task, on `seeds` images per prompt from `base_seed`: noise that the report's
+    seeds (0 ...) and selection seeds (10,000 ...) never use, the same for every model, so that a difference the
+    report's 8 seeds cannot tell from noise is measured again on other images. No maps."""
+    guidance = default_guidance(pipe) if guidance is None else guidance
+    prompts = eval_prompts64()
+    records, _ = sample_and_judge(pipe, prompts, seeds, base_seed, steps, guidance)
+    return {"prompt_following": {**prompt_following64(records), "and_order": and_order(records),
+                                 "judged": judged(records, base_seed)},
+            "settings": {"seeds": seeds, "base_seed": base_seed, "steps": steps, "guidance": guidance,
+                         "prompts": len(prompts), "tasks": list(TASKS64)}}

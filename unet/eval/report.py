@@ -286,17 +286,24 @@ def write(report: dict, records, batches, selection, folder: Path, title: str) -
 
 def markdown64(report: dict, title: str) -> str:
     """The report of a scenes-64 model (`run_evaluation64`): each task over all, seen and held-out prompts, where the
-    "and" prompts put their first object, each word kind's map accuracy, and how numerals' maps spread."""
+    "and" prompts put their first object, each word kind's map accuracy, and how numerals' maps spread; a
+    `prompt_following64_on_fresh_seeds` report has no maps."""
     pf, s = report["prompt_following"], report["settings"]
+    seeds = (f"{s['seeds']} seeds from seed {s['base_seed']} (fresh seeds: prompt following only, no maps)"
+             if "base_seed" in s else f"{s['seeds']} seeds")
+    threshold = ("" if "maps" not in report else
+                 f" The maps' threshold is chosen on {s['selection_seeds']} other seeds per prompt.")
     lines = [f"# {title}", "",
-             f"{s['prompts']} prompts × {s['seeds']} seeds, {s['steps']} {s.get('scheduler', 'ddim').upper()} steps, "
-             f"{guidance_words(s)}. The maps' threshold is chosen on {s['selection_seeds']} other seeds per prompt.",
+             f"{s['prompts']} prompts × {seeds}, {s['steps']} {s.get('scheduler', 'ddim').upper()} steps, "
+             f"{guidance_words(s)}.{threshold}",
              "", "## Prompt following (GenEval rules, the scenes-64 detector)", "",
              "| task | all prompts | seen | held out | images |", "|---|---|---|---|---|"]
     lines += [f"| {t} | {fmt(pf[t])} | {fmt(pf['seen'][t]['score'])} | {fmt(pf['held_out'][t]['score'])} | "
               f"{pf['n_images'][t]} |" for t in s["tasks"]]
     lines += [f"| **overall** (mean of tasks) | **{fmt(pf['overall'])}** | {fmt(pf['seen']['overall'])} | "
               f"{fmt(pf['held_out']['overall'])} | {sum(pf['n_images'].values())} |", "", *and_order_markdown(pf)]
+    if "maps" not in report:  # a --fresh-seeds report
+        return "\n".join(lines)
     dataset = f"dataset images denoised one step from t={report['maps_dataset']['timestep']} (exact masks)"
     for key, images in (("maps", "generated images (masks from the detector)"), ("maps_dataset", dataset)):
         maps = report[key]
