@@ -112,6 +112,14 @@ def default_out(args) -> Path:
     return Path("outputs/eval") / (date if args.control is None else f"control-{args.control}-{date}")
 
 
+def check_fresh_seeds(base: int, prompts: int) -> None:
+    """Both worlds seed each batch with BASE + its first prompt's index: the last one must be a seed too."""
+    last = prompts - 1
+    if not 0 <= base <= MAX_SEED - last:
+        raise UsageError(f"--fresh-seeds must be a seed from 0 to {MAX_SEED - last} (the evaluation seeds its "
+                         f"batches from BASE to BASE + {last}), got {base}")
+
+
 def check_args(args) -> None:
     """Everything that needs no model, before it is loaded: raise UsageError naming the value and what is accepted."""
     for flag, value in (("--seeds", args.seeds), ("--steps", args.steps), ("--dataset-images", args.dataset_images)):
@@ -132,11 +140,7 @@ def check_args(args) -> None:
     if args.tasks != list(TASKS) and args.fresh_seeds is None:
         raise UsageError("--tasks chooses what --fresh-seeds samples; a full evaluation runs every task")
     if args.fresh_seeds is not None:
-        # generate_batches seeds each batch with BASE + its first prompt's index: the last one must be a seed too
-        last = len([p for p in eval_prompts() if p.task in args.tasks]) - 1
-        if not 0 <= args.fresh_seeds <= MAX_SEED - last:
-            raise UsageError(f"--fresh-seeds must be a seed from 0 to {MAX_SEED - last} (the evaluation seeds its "
-                             f"batches from BASE to BASE + {last}), got {args.fresh_seeds}")
+        check_fresh_seeds(args.fresh_seeds, len([p for p in eval_prompts() if p.task in args.tasks]))
     if args.readme is not None:
         try:
             check_readme(Path(args.readme))
@@ -161,10 +165,8 @@ def check_model_args(pipe, args) -> None:
                 raise UsageError(f"{flag} measures scenes-32's prompts; {model_label(args.model)} is a model of world "
                                  "scenes-64, which takes the full evaluation of its own world (leave out the flag)")
         prompts = [p.prompt for p in eval_prompts64()]
-        last = len(prompts) - 1  # sample_and_judge seeds each batch with BASE + its first prompt's index
-        if args.fresh_seeds is not None and args.fresh_seeds > MAX_SEED - last:
-            raise UsageError(f"--fresh-seeds must be a seed from 0 to {MAX_SEED - last} (the evaluation seeds its "
-                             f"batches from BASE to BASE + {last}), got {args.fresh_seeds}")
+        if args.fresh_seeds is not None:
+            check_fresh_seeds(args.fresh_seeds, len(prompts))
     else:
         prompts = [p.prompt for p in eval_prompts()] + [p.prompt for axis in PAIRED_AXES for p in paired_prompts(axis)]
         prompts += [layout_prompt(template, combo, word) for first, second, _, template in POSITION_PAIRS
