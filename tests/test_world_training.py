@@ -18,7 +18,7 @@ from unet.cli import generate as generate_script
 from unet.cli import train as train_script
 from unet.data import scenes_to_tensor, to_model_range
 from unet.pipeline import PRETRAINED, load_pipeline, model_folder, model_label
-from unet.recipe_file import read_recipe
+from unet.recipe_file import read_recipe, read_rounds, round_configs
 from unet.train import TrainConfig, build_components, fresh_scenes, training_batch
 from unet.world import CAPTION_TOKENS, LONGEST_CAPTION, NUMERALS, known_words, parse_caption
 
@@ -113,6 +113,23 @@ def test_the_scenes_64_recipe_has_every_lesson_of_scenes_32():
     schedule = cfg.schedule
     assert schedule.decay_start + schedule.decay_steps == schedule.steps  # the cooldown ends the run, as scenes-32's
     assert all(parse_caption(p) for p in cfg.run.sample_prompts)
+
+
+def test_the_scenes_64_recipe_rebuilds_the_shipped_model_round_by_round():
+    """One command, `--recipe scenes-64`, trains every round the shipped model was made by: round 1 has the first
+    run's settings and the last round the shipped pipeline's, each round from the one before (the shipped one
+    started from the shipped first run, `scenes-64` at the time). Only the folders differ."""
+    path, values = read_recipe("scenes-64")
+    first = TrainConfig.from_flat(**values)
+    rounds = round_configs(first, read_rounds(path), "runs/scenes-64")
+    assert rounds and all(r.schedule.decay_start + r.schedule.decay_steps == r.schedule.steps for r in rounds)
+    assert len({r.run.seed for r in [first, *rounds]}) == 1 + len(rounds)  # every round draws other batches
+    examples = Path(__file__).resolve().parents[1] / "outputs" / "examples" / "scenes-64"
+    for cfg, made in ((first, examples / "first-run"), (rounds[-1], model_folder("scenes-64"))):
+        saved = json.loads((made / "train_config.json").read_text())
+        ours = json.loads(json.dumps(cfg.flat()))
+        assert {k for k in saved if k in ours and saved[k] != ours[k]} <= {"out", "started_from"}
+    assert rounds[-1].started_from == str(Path(rounds[-2].out if len(rounds) > 1 else "runs/scenes-64") / "pipeline")
 
 
 @pytest.mark.parametrize("args, message", [

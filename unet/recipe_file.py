@@ -12,6 +12,15 @@ A run trained from a recipe keeps it: the file as written (`recipe.toml`, with i
 resolved recipe, the file with the command line's overrides applied and every field spelt out
 (`recipe.resolved.toml`), go into the run folder and into its pipeline folder. `--recipe RUN/recipe.resolved.toml`
 trains the same run again.
+
+A recipe may end in rounds: each `[[round]]` table is one more run, started from the last one's pipeline with fresh
+optimizer moments (what `--start-from` does), that changes only its schedule and seed (`ROUND_KEYS`); every other
+setting is the recipe's, so every round trains the same model. Round 1 is the recipe's own schedule, in the run
+folder; round K trains in RUN/round-K, and the last round's pipeline is the recipe's model.
+
+    [[round]]             # round 2: 6,000 more steps from round 1's weights, on other batches
+    seed = 1
+    steps = 6000
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 # each section's keys: the flat names of the fields of its group in unet/train_config.py (their one home)
 SECTIONS = {section: tuple(flat_names(group)) for section, group in GROUPS.items()}
 TOP_LEVEL = ("description",)  # a line saying what the recipe makes
+ROUND = "round"  # the array of tables [[round]]: the recipe's further rounds
+ROUND_KEYS = (*SECTIONS["schedule"], "seed")  # what a round may change: how long, the rate's course, the batches
 
 
 class RecipeError(ValueError):
@@ -57,14 +68,18 @@ def recipe_path(recipe: str | Path) -> Path:
                       f"{RECIPES}), or give the path of a .toml file")
 
 
-def read_recipe(recipe: str | Path) -> tuple[Path, dict]:
-    """(the file, its settings by flat name, for `TrainConfig.from_flat`): RecipeError naming the field for an
-    unknown section or key, a value of the wrong type, or a file that is not TOML."""
-    path = recipe_path(recipe)
+def _table(path: Path) -> dict:
     try:
-        table = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise RecipeError(f"recipe {path}: not a readable TOML file: {e}") from e
+
+
+def read_recipe(recipe: str | Path) -> tuple[Path, dict]:
+    """(the file, its settings by flat name, for `TrainConfig.from_flat`): RecipeError naming the field for an
+    unknown section or key, a value of the wrong type, or a file that is not TOML. Its rounds: `read_rounds`."""
+    path = recipe_path(recipe)
+    table = _table(path)
     defaults = TrainConfig().flat()
     values, retired = {}, {}
     for section, entries in table.items():
@@ -72,9 +87,12 @@ def read_recipe(recipe: str | Path) -> tuple[Path, dict]:
             if not isinstance(entries, str):
                 raise RecipeError(f"recipe {path}: {section} must be a string")
             continue
+        if section == ROUND:  # read by read_rounds
+            continue
         if section not in SECTIONS:
             raise RecipeError(f"recipe {path}: unknown section or key {section!r}; a recipe has the sections "
-                              f"{', '.join(f'[{s}]' for s in SECTIONS)} and the key {', '.join(TOP_LEVEL)}")
+                              f"{', '.join(f'[{s}]' for s in SECTIONS)}, the rounds [[{ROUND}]] and the key "
+                              f"{', '.join(TOP_LEVEL)}")
         if not isinstance(entries, dict):
             raise RecipeError(f"recipe {path}: {section} must be a section ([{section}]), not a value")
         for key, value in entries.items():
@@ -86,7 +104,7 @@ def read_recipe(recipe: str | Path) -> tuple[Path, dict]:
                 where = (f"it belongs in [{home}]" if home else "it is a setting of one call (a flag)"
                          if key in CALL_ONLY else f"[{section}] accepts {', '.join(SECTIONS[section])}")
                 raise RecipeError(f"recipe {path}: unknown key {key!r} in [{section}]; {where}")
-            values[key] = _typed(path, section, key, value, defaults[key])
+            values[key] = _typed(path, f"[{section}]", key, value, defaults[key])
     try:
         without_retired({**retired, "timestep_sampling": values.get("timestep_sampling")})
     except ValueError as e:
@@ -94,10 +112,49 @@ def read_recipe(recipe: str | Path) -> tuple[Path, dict]:
     return path, values
 
 
-def _typed(path: Path, section: str, key: str, value, default):
-    """`value` as the type of TrainConfig's `default`, or RecipeError saying which type is accepted."""
+def read_rounds(recipe: str | Path) -> list[dict]:
+    """The recipe's `[[round]]` tables in order (rounds 2, 3, ...), each the flat settings it changes: RecipeError
+    naming the round and key for anything but `ROUND_KEYS`, or a value of the wrong type."""
+    path = recipe_path(recipe)
+    rounds = _table(path).get(ROUND, [])
+    if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
+        raise RecipeError(f"recipe {path}: {ROUND} must be an array of tables, each headed [[{ROUND}]]")
+    defaults, read = TrainConfig().flat(), []
+    for number, entries in enumerate(rounds, start=2):
+        where = f"round {number}"
+        for key in entries:
+            if key not in ROUND_KEYS:
+                raise RecipeError(f"recipe {path}: unknown key {key!r} in {where}; a round changes only "
+                                  f"{', '.join(ROUND_KEYS)}, so that every round trains the same model")
+        read.append({key: _typed(path, where, key, value, defaults[key]) for key, value in entries.items()})
+    return read
+
+
+def round_configs(recipe: TrainConfig, rounds: list[dict], out: str | Path) -> list[TrainConfig]:
+    """The runs of `rounds` (`read_rounds`) after the recipe's own run `recipe`, in the run folder `out`: round K in
+    out/round-K, from the pipeline of the round before, with the recipe's settings but those the round changes.
+    ValueError naming the round for a setting that does not hold (`TrainConfig.validate`)."""
+    if rounds and recipe.text.text_variant != "clip":
+        raise ValueError(f"[[{ROUND}]] needs a pipeline to start each round from, and a --text-variant "
+                         f"{recipe.text.text_variant} run writes none: rounds are for the clip text side")
+    configs, source = [], Path(out)
+    for number, changes in enumerate(rounds, start=2):
+        cfg = recipe.replace(**changes, out=str(Path(out) / f"round-{number}"),
+                             started_from=str(source / "pipeline"), resume=False, grown_from=None)
+        try:
+            cfg.validate()
+        except ValueError as e:
+            raise ValueError(f"round {number}: {e}") from e
+        configs.append(cfg)
+        source = Path(cfg.out)
+    return configs
+
+
+def _typed(path: Path, where: str, key: str, value, default):
+    """`value` as the type of TrainConfig's `default`, or RecipeError saying (`where`: "[optimizer]", "round 2")
+    which type is accepted."""
     def wrong(accepted: str):
-        return RecipeError(f"recipe {path}: [{section}] {key} must be {accepted}, got {json.dumps(value)}")
+        return RecipeError(f"recipe {path}: {where} {key} must be {accepted}, got {json.dumps(value)}")
 
     if isinstance(default, bool):
         if not isinstance(value, bool):
@@ -125,13 +182,16 @@ def _typed(path: Path, section: str, key: str, value, default):
     return value
 
 
-def dump_recipe(cfg, header: str = "") -> str:
-    """`cfg` (a TrainConfig) as a recipe file with every field spelt out: read back by `read_recipe`, it gives
-    the same config. Fields that are None (no CLIP folder, no dataset) are left out, as TOML has no null."""
+def dump_recipe(cfg, header: str = "", rounds: list[dict] = ()) -> str:
+    """`cfg` (a TrainConfig) as a recipe file with every field spelt out, then its `rounds`: read back by
+    `read_recipe` and `read_rounds`, it gives the same config and rounds. Fields that are None (no CLIP folder, no
+    dataset) are left out, as TOML has no null."""
     lines, values = [f"# {line}" for line in header.splitlines()], cfg.flat()
     for section, keys in SECTIONS.items():
         lines += ["", f"[{section}]"]
         lines += [f"{key} = {_toml_value(values[key])}" for key in keys if values[key] is not None]
+    for changes in rounds:
+        lines += ["", f"[[{ROUND}]]"] + [f"{key} = {_toml_value(value)}" for key, value in changes.items()]
     return "\n".join(lines).lstrip("\n") + "\n"
 
 

@@ -1,6 +1,7 @@
 """Train the text-to-image model from scratch on synthetic scenes.
 
     python scripts/train.py --recipe scenes-32 --out runs/scenes-32   # the shipped model's recipe, from nothing
+    python scripts/train.py --recipe scenes-64 --out runs/s64 --rounds 1  # only the first of the recipe's rounds
     python scripts/train.py --recipe scenes-32 --out runs/lr --lr 1e-3  # the recipe with one field changed
     accelerate launch scripts/train.py --recipe scenes-32 --out runs/g  # GPUs / machines / CPU processes
     python scripts/train.py --out runs/scenes-32 --steps 5000 --resume  # continue (or extend) a run
@@ -15,8 +16,11 @@ run it came from. That is how the levers are measured on a trained model
 (docs/experiments/levers-grown-from-the-trained-model.md).
 """
 
+from __future__ import annotations
+
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -30,8 +34,8 @@ from unet.data import SceneDataset
 from unet.eval.layout_log import LayoutLog
 from unet.folders import WRITE_ERRORS, hold_folder, write_failed
 from unet.pipeline import progress_bars
-from unet.recipe_file import known_recipes, read_recipe
-from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, resumed_config
+from unet.recipe_file import dump_recipe, known_recipes, read_recipe, read_rounds, round_configs
+from unet.train import RESOLVED_HEADER, NonFiniteLoss, TrainConfig, Trainer, check_resumable, resumed_config
 
 SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learning-rate schedule's settings
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
@@ -91,6 +95,12 @@ def parse_args(argv=None):
                         "fresh optimizer moments, and the settings must rebuild MODEL's world, vocabulary and "
                         "architecture. For a model whose run folder is gone; a run folder continues with --resume "
                         "or --grow-from")
+    p.add_argument("--rounds", type=int, metavar="N", default=None,
+                   help="train only the first N rounds of the recipe: round 1 is its own schedule, in --out; each "
+                        "[[round]] after it trains on from the pipeline of the one before, in OUT/round-K "
+                        "(default: all it has; a flag changes every round but what a [[round]] gives itself; "
+                        "--max-minutes holds for each round; --resume continues the round it stopped in, then the "
+                        "rest)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for name, value in DEFAULTS.items():
         if name in ("out", "data", "clip", "resume", "sample_prompts", "grown_from", "started_from") or isinstance(
@@ -392,7 +402,10 @@ def _main(args) -> int:
             with hold_folder(args.make_data, "--make-data"):  # written in place: one writer at a time
                 return make_data(args)
         cfg = command_config(args)
-        check_config(cfg)
+        rounds = Rounds.of(args, cfg)
+        plan = rounds.left_to_train(cfg)
+        for _, leg in plan:  # every round's settings and folder, before the first is trained
+            check_config(leg)
         if cfg.resume:
             refuse_changes_on_resume(args)
         losses = cfg.losses
@@ -407,18 +420,118 @@ def _main(args) -> int:
         return interrupted(e, "nothing was written")
     # one writer per run folder, for the whole run; only the main process claims it: under `accelerate launch` the
     # others write into it beside that one
-    claim = hold_folder(cfg.out) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext()
+    main_process = os.environ.get("RANK", "0") == "0"
+    done = []  # the rounds this call trained to their end
     try:
-        with claim:
-            return _train(args, cfg)
-    except UsageError as e:  # the folder is held by another run, or not a new one for --grow-from
+        with hold_folder(cfg.out) if main_process else contextlib.nullcontext():
+            for number, leg in plan:
+                if number > 1:
+                    print(f"round {number} of {rounds.count}: {leg.schedule.steps} steps from {leg.started_from}, "
+                          f"seed {leg.run.seed}, in {leg.out}")
+                with hold_folder(leg.out) if main_process and number > 1 else contextlib.nullcontext():
+                    code = _train(args, leg, rounds.recipe_file, rounds.resolved(number, leg))
+                if code or not trained(leg):  # a failure, an interrupt or --max-minutes: the next round waits
+                    return code
+                done.append(number)
+            return 0
+    except (UsageError, ValueError) as e:  # the folder is held by another run, or not a new one for --grow-from
         return usage_error(e)
-    except KeyboardInterrupt as e:  # while claiming, before _train began
-        return interrupted(e, "nothing was written")
+    except KeyboardInterrupt as e:  # while claiming, or between two rounds
+        return interrupted(e, f"round {done[-1]} is trained; `python scripts/train.py --out {cfg.out} --resume` "
+                              "trains the rest" if done else "nothing was written")
 
 
-def _train(args, cfg: TrainConfig) -> int:
-    """Train in the claimed run folder; undo a failed start."""
+def trained(cfg: TrainConfig) -> bool:
+    """Whether the run of `cfg` is done: its checkpoint at its last step and its pipeline written."""
+    out = Path(cfg.out)
+    if not (out / "pipeline" / "model_index.json").is_file() or not (out / "checkpoint.safetensors").is_file():
+        return False
+    step = checkpoint.read_metadata(out / "checkpoint.safetensors")[0].get("step", "")
+    return step.isdigit() and int(step) >= cfg.schedule.steps
+
+
+ROUND_HEADER = ("Round {number} of the recipe in its run folder's recipe.resolved.toml: these settings, started from\n"
+                "the pipeline {source}. `python scripts/train.py --recipe RUN/recipe.resolved.toml --out NEW_FOLDER`\n"
+                "trains every round again; this file alone trains this round's settings from nothing.")
+
+
+@dataclasses.dataclass
+class Rounds:
+    """A recipe's rounds (unet/recipe_file.py): its own run (round 1, `first`) and the `[[round]]`s after it, as
+    many as --rounds asks (`configs`, rounds 2, 3, ...); `changes` are all of the recipe's, as written."""
+    first: TrainConfig
+    changes: list
+    configs: list
+    recipe_file: Path | None  # the recipe as written, which every round's folder keeps
+
+    @classmethod
+    def of(cls, args, cfg: TrainConfig) -> Rounds:
+        """The rounds of --recipe's file, or on --resume those the run folder's resolved recipe lists: its own
+        settings, the call's (--max-minutes, --data-workers) over them. UsageError for a --rounds it does not
+        have, or for --steps with --resume of a run with rounds."""
+        out, recipe_file = Path(cfg.out), getattr(args, "recipe_file", None)
+        first, changes = cfg, []
+        if recipe_file is not None:
+            changes = read_rounds(recipe_file)
+        elif cfg.resume and (out / "recipe.resolved.toml").is_file():
+            resolved = out / "recipe.resolved.toml"
+            changes = read_rounds(resolved)
+            recipe_file = out / "recipe.toml" if (out / "recipe.toml").is_file() else None
+            if changes:
+                first = TrainConfig.from_flat(**read_recipe(resolved)[1]).replace(
+                    out=cfg.out, max_minutes=cfg.max_minutes, data_workers=cfg.data_workers)
+                if "steps" in args.given:
+                    raise UsageError(f"--steps with --resume of {out}, a run of a recipe with rounds: each round keeps "
+                                     "the length its recipe gives; give --resume alone")
+        wanted = len(changes) + 1 if args.rounds is None else args.rounds
+        if not changes and wanted != 1:
+            raise UsageError(f"--rounds {args.rounds}: this run has no [[round]]s (the tables at the end of a recipe "
+                             "that train on from its model); give 1, or leave --rounds out")
+        if not 1 <= wanted <= len(changes) + 1:
+            raise UsageError(f"--rounds {args.rounds}: the recipe has {len(changes) + 1} rounds (its own schedule "
+                             f"and {len(changes)} [[round]]); give 1 to {len(changes) + 1}")
+        configs = round_configs(first, changes, out)  # every round checked, even those --rounds leaves for later
+        return cls(first, changes, configs[:wanted - 1], recipe_file)
+
+    @property
+    def count(self) -> int:
+        return 1 + len(self.configs)
+
+    def left_to_train(self, cfg: TrainConfig) -> list[tuple[int, TrainConfig]]:
+        """(round number, config) of each round to train: all of them, or on --resume those not yet trained, the
+        first resumed where its folder has a checkpoint. UsageError when every round is trained already."""
+        plan = [(1, cfg)] + list(enumerate(self.configs, start=2))
+        if cfg.resume and self.changes:
+            left = [i for i, (_, leg) in enumerate(plan) if not trained(leg)]
+            if not left:
+                rest = len(self.changes) + 1 - self.count  # the rounds --rounds left out
+                what = (f"rounds 1 to {self.count} of its recipe's {self.count + rest} are trained (--rounds "
+                        f"{self.count + 1} trains the next)" if rest else "every round of its recipe is trained")
+                raise UsageError(f"--resume {cfg.out}: {what}; its model is {plan[-1][1].out}/pipeline")
+            plan = plan[left[0]:]
+            number, leg = plan[0]
+            if number > 1 and (Path(leg.out) / "checkpoint.safetensors").is_file():
+                plan[0] = (number, leg.replace(resume=True))
+        for number, leg in plan:  # a new round's folder holds nothing yet: what is there would be overwritten
+            folder = Path(leg.out)
+            if number > 1 and not leg.resume and folder.is_dir() and any(folder.iterdir()):
+                raise UsageError(f"round {number}'s folder {folder} holds files already (a round of another run?): "
+                                 "move it away, or give --resume to continue the run it belongs to")
+        return plan
+
+    def resolved(self, number: int, cfg: TrainConfig) -> str | None:
+        """The resolved recipe the folder of round `number` keeps: round 1's lists every round, a later round's
+        is its own settings (None: no rounds, the Trainer's own)."""
+        if not self.changes:
+            return None
+        if number == 1:
+            return dump_recipe(self.first, RESOLVED_HEADER, self.changes)
+        return dump_recipe(cfg, ROUND_HEADER.format(number=number, source=cfg.started_from))
+
+
+def _train(args, cfg: TrainConfig, recipe_file: Path | None = None, resolved: str | None = None) -> int:
+    """Train in the claimed run folder, keeping the recipe as written (`recipe_file`) and, where given, the
+    `resolved` one in it; undo a failed start."""
     out = Path(cfg.out)
     if args.grow_from is not None and out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {cfg.out} is not empty: --grow-from starts a new run folder")
@@ -428,8 +541,11 @@ def _train(args, cfg: TrainConfig) -> int:
             cfg = start_grown(cfg, Path(args.grow_from))
         trainer = Trainer(cfg, callbacks=[LayoutLog()])  # logs only if the run's settings ask (--layout-every)
         main_process = trainer.accelerator.is_main_process
-        if args.recipe is not None and main_process:  # the file as written, its comments saying why
-            shutil.copy(args.recipe_file, out / "recipe.toml")
+        if not cfg.resume and main_process:
+            if recipe_file is not None:  # the file as written, its comments saying why
+                shutil.copy(recipe_file, out / "recipe.toml")
+            if resolved is not None:
+                (out / "recipe.resolved.toml").write_text(resolved)
         if trainer.accelerator.num_processes > 1 and main_process:
             accelerator = trainer.accelerator
             print(f"training on {accelerator.num_processes} processes ({accelerator.device.type}), each on its share "
@@ -468,6 +584,8 @@ def _train(args, cfg: TrainConfig) -> int:
         if not trainer.ckpt_path.exists():  # nothing to resume from: leave no half-made run folder
             remove_new(out, before)
         raise
+    # every process sees the main one's pipeline before it judges the round trained and goes on to the next
+    trainer.accelerator.wait_for_everyone()
     if not trainer.accelerator.is_main_process:  # the main process wrote the run folder and says so
         return 0
     if trainer.writes_pipeline:

@@ -1,0 +1,132 @@
+"""A recipe's rounds: `[[round]]` tables after its own schedule, each one more run from the last one's pipeline with
+fresh optimizer moments, so that a model made in rounds is rebuilt by one command (unet/recipe_file.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_bad_input import one_line_error
+
+from unet import checkpoint
+from unet.cli import train as train_script
+from unet.recipe_file import RecipeError, read_recipe, read_rounds
+
+TINY = Path(__file__).resolve().parent / "data" / "tiny-recipe.toml"
+ROUND = {"seed": 1, "steps": 2, "decay_start": 1, "decay_steps": 1}
+ROUND_TOML = "\n[[round]]  # one more round\nseed = 1\nsteps = 2\ndecay_start = 1\ndecay_steps = 1\n"
+
+
+@pytest.fixture
+def rounds_recipe(tmp_path) -> Path:
+    path = tmp_path / "rounds.toml"
+    path.write_text(TINY.read_text() + ROUND_TOML)
+    return path
+
+
+def weights(folder: Path) -> dict:
+    return checkpoint.load(folder / "checkpoint.safetensors")[0]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    x, y = weights(a), weights(b)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_one_command_trains_every_round_as_the_commands_it_replaces(rounds_recipe, tmp_path, capsys):
+    """`--recipe` with a [[round]] ends on the very weights of the two commands it stands for: the recipe alone,
+    then --start-from its pipeline with the round's seed and schedule. `--rounds 1` stops after the first, and
+    `--resume` trains the rest; the run folder keeps the whole recipe, and each round's folder its own settings."""
+    one, first, second = tmp_path / "one", tmp_path / "first", tmp_path / "second"
+    assert train_script.main(["--recipe", str(rounds_recipe), "--out", str(one), "--quiet"]) == 0
+    assert f"round 2 of 2: 2 steps from {one / 'pipeline'}, seed 1" in capsys.readouterr().out
+    assert train_script.main(["--recipe", str(TINY), "--out", str(first), "--quiet"]) == 0
+    assert train_script.main(["--recipe", str(TINY), "--out", str(second), "--start-from", str(first / "pipeline"),
+                              "--seed", "1", "--steps", "2", "--decay-start", "1", "--decay-steps", "1",
+                              "--quiet"]) == 0
+    assert same_weights(one, first) and same_weights(one / "round-2", second)
+    assert not same_weights(one, one / "round-2")  # round 2 trained on from round 1
+
+    saved = json.loads((one / "round-2" / "train_config.json").read_text())
+    assert saved["started_from"] == str(one / "pipeline") and saved["seed"] == 1 and saved["steps"] == 2
+    assert read_rounds(one / "recipe.resolved.toml") == [ROUND]  # the run folder's recipe trains every round
+    _, own = read_recipe(one / "round-2" / "pipeline" / "recipe.resolved.toml")
+    assert own["seed"] == 1 and read_rounds(one / "round-2" / "pipeline" / "recipe.resolved.toml") == []
+    assert (one / "round-2" / "pipeline" / "recipe.toml").read_text() == rounds_recipe.read_text()
+
+    parts = tmp_path / "parts"
+    assert train_script.main(["--recipe", str(rounds_recipe), "--out", str(parts), "--rounds", "1", "--quiet"]) == 0
+    assert (parts / "pipeline" / "model_index.json").is_file() and not (parts / "round-2").exists()
+    one_line_error(capsys, train_script.main(["--out", str(parts), "--resume", "--rounds", "1"]),
+                   "rounds 1 to 1 of its recipe's 2 are trained (--rounds 2 trains the next)")
+    assert train_script.main(["--out", str(parts), "--resume", "--quiet"]) == 0
+    assert same_weights(parts / "round-2", one / "round-2")
+    one_line_error(capsys, train_script.main(["--out", str(parts), "--resume", "--quiet"]),
+                   "every round of its recipe is trained; its model is")
+
+
+def test_a_run_stopped_in_each_round_resumes_to_the_same_weights(rounds_recipe, tmp_path, capsys):
+    """Stopped by --max-minutes after one step of round 1, then after one step of round 2, and resumed each time,
+    the run ends on the weights of the uninterrupted command; a round that stops short holds back the next."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert train_script.main(["--recipe", str(rounds_recipe), "--out", str(whole), "--quiet"]) == 0
+    stop = ["--max-minutes", "1e-6", "--quiet"]
+    assert train_script.main(["--recipe", str(rounds_recipe), "--out", str(cut), *stop]) == 0
+    assert checkpoint.read_metadata(cut / "checkpoint.safetensors")[0]["step"] == "1"
+    assert not (cut / "round-2").exists()
+    assert train_script.main(["--out", str(cut), "--resume", *stop]) == 0  # round 1 stops again, at step 2
+    assert train_script.main(["--out", str(cut), "--resume", "--quiet"]) == 0  # the rest of round 1, all of round 2
+    assert same_weights(cut, whole) and same_weights(cut / "round-2", whole / "round-2")
+    capsys.readouterr()
+
+    again = tmp_path / "again"
+    assert train_script.main(["--recipe", str(rounds_recipe), "--out", str(again), "--rounds", "1", "--quiet"]) == 0
+    assert train_script.main(["--out", str(again), "--resume", *stop]) == 0  # round 2 stops after one step
+    assert checkpoint.read_metadata(again / "round-2" / "checkpoint.safetensors")[0]["step"] == "1"
+    assert train_script.main(["--out", str(again), "--resume", "--quiet"]) == 0
+    assert same_weights(again / "round-2", whole / "round-2")
+
+
+def test_a_round_never_overwrites_a_folder_that_holds_files(rounds_recipe, tmp_path, capsys):
+    """A new round's folder that holds files (a round of another run) is refused at the door, before round 1
+    trains; so is --steps with --resume of a run with rounds (each keeps its recipe's length)."""
+    out = tmp_path / "run"
+    (out / "round-2").mkdir(parents=True)
+    (out / "round-2" / "loss.csv").write_text("0,1.0,0.1\n")
+    one_line_error(capsys, train_script.main(["--recipe", str(rounds_recipe), "--out", str(out)]),
+                   f"round 2's folder {out / 'round-2'} holds files already")
+    assert sorted(p.name for p in out.iterdir()) == ["round-2"] and (out / "round-2" / "loss.csv").read_text()
+    done = tmp_path / "done"
+    assert train_script.main(["--recipe", str(rounds_recipe), "--out", str(done), "--rounds", "1", "--quiet"]) == 0
+    one_line_error(capsys, train_script.main(["--out", str(done), "--resume", "--steps", "8"]),
+                   "--steps with --resume of")
+    assert not (done / "round-2").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[[round]]\nchannels = [8, 16, 16]\n", "unknown key 'channels' in round 2; a round changes only steps"),
+    ("[round]\nseed = 1\n", "round must be an array of tables, each headed [[round]]"),
+    ("[[round]]\nseed = 'one'\n", "round 2 seed must be a whole number"),
+    ("[[round]]\nsteps = 2\n[[round]]\nsteps = 0\n", "round 3: steps must be a positive integer"),
+    ("[[round]]\nmin_lr = 1.0\n", "round 2: --min-lr 1.0 is above --lr"),
+])
+def test_a_bad_round_is_one_line_at_the_door(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(TINY.read_text() + text)
+    one_line_error(capsys, train_script.main(["--recipe", str(path), "--out", str(tmp_path / "run")]), message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_rounds_the_recipe_does_not_have_are_refused(rounds_recipe, tmp_path, capsys):
+    for count in ("0", "3"):
+        one_line_error(capsys, train_script.main(["--recipe", str(rounds_recipe), "--out", str(tmp_path / "run"),
+                                                  "--rounds", count]), f"--rounds {count}: the recipe has 2 rounds")
+    one_line_error(capsys, train_script.main(["--recipe", str(TINY), "--out", str(tmp_path / "run"), "--rounds",
+                                              "2"]), "--rounds 2: this run has no [[round]]s")
+    one_line_error(capsys, train_script.main(["--recipe", str(rounds_recipe), "--out", str(tmp_path / "run"),
+                                              "--text-variant", "side-hints"]), "rounds are for the clip text side")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(RecipeError, match="unknown key 'lr' in round 2"):
+        path = tmp_path / "lr.toml"
+        path.write_text(TINY.read_text() + "[[round]]\nlr = 1e-3\n")
+        read_rounds(path)
