@@ -218,9 +218,9 @@ class GroundTruthPipe:
 def test_the_evaluation_scores_ground_truth_images_one_and_wrong_ones_less():
     from unet.eval.evaluate64 import sample_and_judge
     prompts = eval_prompts64()
-    records, batches = sample_and_judge(GroundTruthPipe(), prompts, 1, 0, 1, 1.0, record_maps=False)
+    records, pairs = sample_and_judge(GroundTruthPipe(), prompts, 1, 0, 1, 1.0, record_maps=False)
     scores = prompt_following64(records)
-    assert batches == [] and scores["overall"] == 1.0
+    assert not any(pairs.values()) and scores["overall"] == 1.0
     from unet.eval.prompts import and_order
     assert and_order(records)["first_as_read"] == 1.0 and and_order(records)["images"] == 15 + 24  # reading order
     assert scores["held_out"]["overall"] == scores["seen"]["overall"] == 1.0
@@ -287,6 +287,25 @@ def test_the_evaluation_runs_on_a_model(tiny_pipeline):
     per_count = [v["n"] for k, v in data["numerals"].items() if k != "several"]
     assert sum(per_count) == data["count_words"]["n"]  # every numeral of the scenes, by its count
     assert report["settings"]["prompts"] == 30
+
+
+def test_the_evaluation_keeps_no_attention_store_past_its_chunk(tiny_pipeline, monkeypatch):
+    # every chunk's store kept to the end held the scenes-64 evaluation at 12.6 GB; its words' maps are all it needs
+    import gc
+    import weakref
+
+    from unet.eval import evaluate64
+    made, alive = [], weakref.WeakSet()
+    for_pipeline = evaluate64.AttentionStore.for_pipeline
+    monkeypatch.setattr(evaluate64.AttentionStore, "for_pipeline",
+                        classmethod(lambda cls, pipe: made.append(1) or alive.add(s := for_pipeline(pipe)) or s))
+    prompts = [p for p in eval_prompts64() if p.task == "counting"][:3]
+    records, pairs = evaluate64.sample_and_judge(tiny_pipeline, prompts, 2, 0, 2, 1.0, prompts_per_batch=2)
+    gc.collect()
+    side = tiny_pipeline.unet.config.sample_size
+    maps = [heat for kind in pairs.values() for heat, _ in kind]  # the words whose objects were found
+    assert len(records) == 6 and all(heat.shape == (side, side) for heat in maps)
+    assert len(made) == 2 and len(alive) == 0  # a store for each of the two chunks, neither kept
 
 
 def test_every_word_of_the_world_is_one_token_of_its_vocabulary(tmp_path):

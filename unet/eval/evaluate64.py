@@ -18,7 +18,7 @@ from crossattn.overlay import to_uint8
 from ..pipeline import default_guidance
 from .detect64 import detect
 from .map_scoring import Batch, best_threshold
-from .maps64 import collect64, dataset_batch64, map_scores64, word_entries
+from .maps64 import collect64, dataset_batch64, empty_pairs64, map_scores64, word_entries
 from .paired import judged
 from .prompts import and_order, background_grain
 from .prompts64 import TASKS64, EvalPrompt64, check64, eval_prompts64, prompt_following64
@@ -45,11 +45,12 @@ def object_masks(p: EvalPrompt64, matched: list[list]) -> list:
 
 @torch.no_grad()
 def sample_and_judge(pipe, prompts: list[EvalPrompt64], seeds: int, base_seed: int, steps: int, guidance: float,
-                     prompts_per_batch: int = 8, record_maps: bool = True) -> tuple[list[dict], list[Batch]]:
+                     prompts_per_batch: int = 8, record_maps: bool = True) -> tuple[list[dict], dict[str, list]]:
     """Sample every prompt `seeds` times (chunk k of `prompts_per_batch` prompts from generator seed
-    `base_seed + first prompt's index`), judge every image, and keep each chunk's recorded attention with the
-    words' matched masks. Returns (per-image records, batches); no batches when not `record_maps`."""
-    records, batches = [], []
+    `base_seed + first prompt's index`), judge every image, and read each chunk's recorded attention into its words'
+    plain maps with their matched masks. Returns (per-image records, `collect64`'s pairs: empty when not
+    `record_maps`)."""
+    records, pairs = [], empty_pairs64()
     for start in range(0, len(prompts), prompts_per_batch):
         chunk = prompts[start:start + prompts_per_batch]
         store = AttentionStore.for_pipeline(pipe) if record_maps else None  # cross-attention: the plain maps
@@ -66,8 +67,12 @@ def sample_and_judge(pipe, prompts: list[EvalPrompt64], seeds: int, base_seed: i
                 entries += word_entries(i, pipe.tokenizer, p.prompt, p.description.word_objects(),
                                         object_masks(p, record["matched"]))
         if record_maps:
-            batches.append(Batch(store, entries))
-    return records, batches
+            # the words' maps now, and the store dropped: a chunk's store (every layer and timestep window, heads
+            # apart) is far larger than its maps, and keeping every chunk's to the end held the evaluation at 12.6 GB
+            size = (pipe.unet.config.sample_size, pipe.unet.config.sample_size)
+            for key, value in collect64([Batch(store, entries)], "ours", size).items():
+                pairs[key] += value
+    return records, pairs
 
 
 def run_evaluation64(pipe, seeds: int = 4, steps: int = 25, guidance: float | None = None,
@@ -78,13 +83,13 @@ def run_evaluation64(pipe, seeds: int = 4, steps: int = 25, guidance: float | No
     guidance = default_guidance(pipe) if guidance is None else guidance
     prompts = [p for p in eval_prompts64() if p.task in tasks]
     size = (pipe.unet.config.sample_size, pipe.unet.config.sample_size)
-    _, select_batches = sample_and_judge(pipe, prompts, max(1, seeds // 2), 10_000, steps, guidance)
-    records, batches = sample_and_judge(pipe, prompts, seeds, 0, steps, guidance)
-    threshold = best_threshold(collect64(select_batches, "ours", size)["shape_words"])
+    _, select_pairs = sample_and_judge(pipe, prompts, max(1, seeds // 2), 10_000, steps, guidance)
+    records, pairs = sample_and_judge(pipe, prompts, seeds, 0, steps, guidance)
+    threshold = best_threshold(select_pairs["shape_words"])
     dataset = [dataset_batch64(pipe, dataset_images, dataset_timestep)]
     return {"prompt_following": {**prompt_following64(records), "and_order": and_order(records),
                                  "judged": judged(records, 0)},
-            "maps": map_scores64(collect64(batches, "ours", size), threshold),
+            "maps": map_scores64(pairs, threshold),
             "maps_dataset": {**map_scores64(collect64(dataset, "ours", size), threshold),
                              "timestep": dataset_timestep, "images": dataset_images},
             "settings": {"seeds": seeds, "selection_seeds": max(1, seeds // 2), "steps": steps, "guidance": guidance,

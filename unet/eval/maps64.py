@@ -61,10 +61,15 @@ def numeral_scores(items: list[tuple[torch.Tensor, list[torch.Tensor]]]) -> dict
     return out
 
 
+def empty_pairs64() -> dict[str, list]:
+    """Every key `word_pairs64` fills, with no pairs yet."""
+    return {f"{kind}_words": [] for kind in WORD_KINDS} | {"numerals": []}
+
+
 def word_pairs64(maps: torch.Tensor, entries: list[tuple]) -> dict[str, list]:
     """From (B, T, H, W) token maps: (map, union of its objects' masks) pairs per word kind ("color_words",
     "shape_words", "size_words", "count_words"), and (map, masks) items of the numerals ("numerals")."""
-    out = {f"{kind}_words": [] for kind in WORD_KINDS} | {"numerals": []}
+    out = empty_pairs64()
     for b, word, tokens, masks in entries:
         heat = maps[b, tokens].sum(0)  # (H, W): a word's tokens together
         masks = [torch.as_tensor(m) for m in masks]
@@ -76,7 +81,7 @@ def word_pairs64(maps: torch.Tensor, entries: list[tuple]) -> dict[str, list]:
 
 def collect64(batches: list[Batch], method: str, size, select: dict | None = None) -> dict[str, list]:
     """`word_pairs64` over recorded batches, each word's map made by map method `method` (`method_maps`)."""
-    pairs = {f"{kind}_words": [] for kind in WORD_KINDS} | {"numerals": []}
+    pairs = empty_pairs64()
     for k, batch in enumerate(batches):
         for key, value in word_pairs64(method_maps(method, batch.store, size, select, seed=k), batch.entries).items():
             pairs[key] += value
