@@ -37,6 +37,14 @@ def pointing(heat: torch.Tensor, mask: torch.Tensor) -> float:
     return (tied & mask).sum().item() / tied.sum().item()
 
 
+def coverage(heat: torch.Tensor, mask: torch.Tensor, threshold: float, rule: str = "peak") -> tuple[float, float]:
+    """(recall, precision) of the map's region at `threshold`: the share of `mask` it marks, and the share of it
+    inside `mask`. They tell why an IoU is low: a region cut too small (a peaked map) or spilt over the mask."""
+    marked = region(heat, threshold, rule)
+    hit = (marked & mask).sum().item()
+    return hit / max(mask.sum().item(), 1), hit / max(marked.sum().item(), 1)
+
+
 def mass(heat: torch.Tensor, mask: torch.Tensor) -> float:
     """Share of the map's total inside `mask`."""
     total = heat.sum().item()
@@ -44,14 +52,17 @@ def mass(heat: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def score_maps(pairs: list[tuple[torch.Tensor, torch.Tensor]], threshold: float, rule: str = "peak") -> dict:
-    """Mean IoU at `threshold` (under threshold `rule`), pointing-game hit rate and mass over (map, mask)
-    pairs, plus the IoU sweep."""
+    """Mean IoU, recall and precision at `threshold` (under threshold `rule`, see `coverage`), pointing-game hit
+    rate and mass over (map, mask) pairs, plus the IoU sweep."""
     if not pairs:
-        return {"n": 0, "miou": None, "pointing": None, "mass": None, "sweep": {}}
+        return {"n": 0, "miou": None, "recall": None, "precision": None, "pointing": None, "mass": None, "sweep": {}}
     sweep = {t: sum(iou(h, m, t, rule) for h, m in pairs) / len(pairs) for t in THRESHOLDS}
+    recall, precision = (sum(c) / len(pairs) for c in zip(*(coverage(h, m, threshold, rule) for h, m in pairs)))
     return {
         "n": len(pairs),
         "miou": sum(iou(h, m, threshold, rule) for h, m in pairs) / len(pairs),
+        "recall": recall,
+        "precision": precision,
         "pointing": sum(pointing(h, m) for h, m in pairs) / len(pairs),
         "mass": sum(mass(h, m) for h, m in pairs) / len(pairs),
         "sweep": {f"{t:g}": v for t, v in sweep.items()},

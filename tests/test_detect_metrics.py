@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from crossattn.metrics import iou, mass, pointing, score_maps
+from crossattn.metrics import coverage, iou, mass, pointing, score_maps
 from unet.data import SceneSampler, render
 from unet.eval.detect import Detection, detect
 from unet.eval.prompts import EvalPrompt, check, eval_prompts, relation_response, word_objects
@@ -78,6 +78,20 @@ def test_iou_pointing_mass_known_answers():
     scores = score_maps([(perfect, mask), (wrong, mask)], 0.5)
     assert scores["miou"] == pytest.approx(0.5) and scores["pointing"] == pytest.approx(0.5) and scores["n"] == 2
     assert set(scores["sweep"]) == {"0.02", "0.05", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8"}
+
+
+def test_recall_and_precision_tell_a_region_cut_inside_its_mask_from_one_spilt_over_it():
+    mask = torch.zeros(8, 8, dtype=torch.bool)
+    mask[:4, :4] = True
+    peaked = mask.float()
+    peaked[1, 1] = 4.0  # at 0.5 of the peak only this pixel is marked: all of it on the mask, 1/16 of the mask
+    assert coverage(peaked, mask, 0.5) == (pytest.approx(1 / 16), 1.0)
+    assert coverage(peaked, mask, 0.2) == (1.0, 1.0)  # a lower threshold marks the whole mask
+    spilt = torch.zeros(8, 8)
+    spilt[:4, :8] = 1.0  # the mask and as much again
+    assert coverage(spilt, mask, 0.5) == (1.0, pytest.approx(0.5))
+    scores = score_maps([(peaked, mask), (spilt, mask)], 0.5)
+    assert scores["recall"] == pytest.approx((1 / 16 + 1) / 2) and scores["precision"] == pytest.approx(0.75)
 
 
 def test_relation_response_tells_an_ignored_word_from_an_obeyed_one():

@@ -268,15 +268,37 @@ def test_numeral_maps_are_scored_by_mass_on_their_objects_and_the_smallest_share
     assert one_object["evenness"] == 0.0
 
 
+def test_each_word_kind_is_also_scored_at_a_threshold_of_its_own():
+    from unet.eval.maps64 import map_scores64
+    mask = torch.zeros(16, 16, dtype=torch.bool)
+    mask[4:12, 4:12] = True
+    flat, peaked = mask.float(), mask.float()
+    peaked[8, 8] = 10.0  # a colour word's map, peaked at one pixel: 0.3 of its peak marks that pixel alone
+    pairs = {"shape_words": [(flat, mask)], "color_words": [(peaked, mask)], "size_words": [], "count_words": [],
+             "numerals": []}
+    scores = map_scores64(pairs, 0.3, {"shape_words": 0.3, "color_words": 0.05})
+    assert scores["color_words"]["miou"] == pytest.approx(1 / 64) and scores["color_words"]["recall"] == 1 / 64
+    assert scores["color_words"]["precision"] == 1.0  # cut inside its object, not spilt
+    assert scores["color_words"]["own_threshold"] == 0.05 and scores["color_words"]["own_miou"] == 1.0
+    assert scores["shape_words"]["own_miou"] == scores["shape_words"]["miou"] == 1.0
+    assert "own_miou" not in scores["size_words"]  # no threshold of its own given
+    assert "own_miou" not in map_scores64(pairs, 0.3)["color_words"]
+
+
 def test_dataset_of_the_world():
     data = scenes64_dataset(6, seed=1, size=32)
     assert data.images.shape == (6, 3, 32, 32) and len(data.captions) == 6
     assert data[0][0].min() >= -1 and data[0][0].max() <= 1
 
 
-def test_the_evaluation_runs_on_a_model(tiny_pipeline):
-    from unet.eval.evaluate64 import run_evaluation64
-    report = run_evaluation64(tiny_pipeline, seeds=1, steps=2, dataset_images=4, tasks=("single_object", "counting"))
+def test_the_evaluation_runs_on_a_model(tiny_pipeline, monkeypatch):
+    from unet.eval import evaluate64
+    from unet.eval.map_scoring import best_threshold
+    sample_and_judge, sampled = evaluate64.sample_and_judge, []  # the selection seeds' pairs, then the report's
+    monkeypatch.setattr(evaluate64, "sample_and_judge",
+                        lambda *args, **kwargs: sampled.append(sample_and_judge(*args, **kwargs)) or sampled[-1])
+    report = evaluate64.run_evaluation64(tiny_pipeline, seeds=1, steps=2, dataset_images=4,
+                                         tasks=("single_object", "counting"))
     following = report["prompt_following"]
     assert following["n_images"]["single_object"] == 6 and following["n_images"]["counting"] == 24
     assert following["n_images"]["position"] == 0 and following["position"] is None
@@ -287,6 +309,17 @@ def test_the_evaluation_runs_on_a_model(tiny_pipeline):
     per_count = [v["n"] for k, v in data["numerals"].items() if k != "several"]
     assert sum(per_count) == data["count_words"]["n"]  # every numeral of the scenes, by its count
     assert report["settings"]["prompts"] == 30
+    # each word kind's own threshold is chosen on the selection seeds' maps of that kind, and holds for both
+    # reports: none where the selection images have no map of the kind (the dataset's colour words here)
+    selection = sampled[0][1]
+    assert selection["shape_words"] and selection["count_words"]
+    for maps in (report["maps"], data):
+        for key in ("shape_words", "color_words", "size_words", "count_words"):
+            if selection[key]:
+                assert maps[key]["own_threshold"] == best_threshold(selection[key])
+                assert maps[key]["own_miou"] == maps[key]["sweep"][f"{maps[key]['own_threshold']:g}"]
+            else:
+                assert "own_threshold" not in maps[key]
 
 
 def test_the_evaluation_keeps_no_attention_store_past_its_chunk(tiny_pipeline, monkeypatch):

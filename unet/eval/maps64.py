@@ -88,9 +88,13 @@ def collect64(batches: list[Batch], method: str, size, select: dict | None = Non
     return pairs
 
 
-def map_scores64(pairs: dict[str, list], threshold: float) -> dict:
-    """`score_maps` per word kind at `threshold`, and `numeral_scores` for the numerals."""
+def map_scores64(pairs: dict[str, list], threshold: float, own: dict[str, float] | None = None) -> dict:
+    """`score_maps` per word kind at `threshold`, and `numeral_scores` for the numerals. With `own` (word kind ->
+    a threshold of that kind's own, chosen on other images), each kind also gets its mIoU there ("own_threshold",
+    "own_miou"): one threshold for every kind cuts a peaked map's region inside its objects."""
     out = {key: score_maps(value, threshold) for key, value in pairs.items() if key != "numerals"}
+    for key, t in (own or {}).items():
+        out[key] |= {"own_threshold": t, "own_miou": out[key]["sweep"].get(f"{t:g}")}
     return out | {"numerals": numeral_scores(pairs["numerals"]), "threshold": threshold}
 
 

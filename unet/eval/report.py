@@ -307,9 +307,14 @@ def markdown64(report: dict, title: str) -> str:
     dataset = f"dataset images denoised one step from t={report['maps_dataset']['timestep']} (exact masks)"
     for key, images in (("maps", "generated images (masks from the detector)"), ("maps_dataset", dataset)):
         maps = report[key]
-        lines += [f"## Map accuracy on {images}", "", f"Threshold {maps['threshold']} of each map's maximum.", "",
-                  "| words | mIoU | pointing | mass | maps |", "|---|---|---|---|---|"]
-        lines += [f"| {kind} | {fmt(m['miou'])} | {fmt(m['pointing'])} | {fmt(m['mass'])} | {m['n']} |"
+        lines += [f"## Map accuracy on {images}", "",
+                  f"Threshold {maps['threshold']} of each map's maximum (chosen by shape words), and each kind's own "
+                  "(chosen by its words on the selection seeds). Recall: the share of the objects' masks the region "
+                  "marks; precision: the share of the region on them.", "",
+                  "| words | mIoU | recall | precision | pointing | mass | own threshold: mIoU | maps |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {kind} | {fmt(m['miou'])} | {fmt(m.get('recall'))} | {fmt(m.get('precision'))} | "
+                  f"{fmt(m['pointing'])} | {fmt(m['mass'])} | {own_miou(m)} | {m['n']} |"
                   for kind in WORD_KINDS for m in [maps[f"{kind}_words"]]]
         lines += ["", "Numerals' maps over their objects (target: mass >= 0.8 and every object >= 1/(2N)):", "",
                   "| count | maps | mass | smallest share | evenness | meets target |", "|---|---|---|---|---|---|"]
@@ -317,6 +322,12 @@ def markdown64(report: dict, title: str) -> str:
                   f"{fmt(v['meets_target'])} |" for count, v in maps["numerals"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def own_miou(scores: dict) -> str:
+    """A word kind's mIoU at its own threshold, "0.704 (0.1)", or "–" in reports from before it was measured."""
+    return (f"{fmt(scores['own_miou'])} ({scores['own_threshold']:g})" if scores.get("own_miou") is not None
+            else "–")
 
 
 def write64(report: dict, folder: Path, title: str) -> Path:
