@@ -134,6 +134,17 @@ def test_resume_to_a_step_already_reached_is_refused(tmp_path, capsys, steps, me
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
 
 
+def test_a_run_is_trained_when_its_checkpoint_reached_its_steps_and_its_pipeline_is_written(tmp_path):
+    # what both a resume's refusal and the rounds (which round to train next) read
+    from unet.train import Trainer, is_trained
+    run = tmp_path / "run"
+    assert not is_trained(run, 3)  # nothing there
+    Trainer(tiny_config(run, steps=3)).train(progress=False)
+    assert is_trained(run, 3) and is_trained(run, 2) and not is_trained(run, 4)
+    (run / "pipeline" / "model_index.json").unlink()  # a pipeline only half written is not a trained run
+    assert not is_trained(run, 3)
+
+
 # --- 3. checkpoint integrity
 def test_committed_parts_join_and_resume_where_the_run_stopped(tmp_path):
     """The training checkpoint the repository carries (outputs/examples/training/checkpoint-text-lr-grounding) joins,

@@ -70,6 +70,16 @@ RESOLVED_HEADER = ("The resolved recipe of this run: every setting it trained wi
                    "applied. `python scripts/train.py --recipe THIS_FILE --out NEW_FOLDER` trains it again.")
 
 
+def is_trained(out: Path, steps: int) -> bool:
+    """Whether the run in `out` is done: its checkpoint at step `steps` or past it, and its pipeline written (last,
+    and atomically: `Trainer.train`)."""
+    ckpt = out / "checkpoint.safetensors"
+    if not (out / "pipeline" / "model_index.json").is_file() or not ckpt.is_file():
+        return False
+    step = checkpoint.read_metadata(ckpt)[0].get("step", "")
+    return step.isdigit() and int(step) >= steps
+
+
 def check_resumable(out: Path, steps: int | None = None, flag: str = "--resume") -> None:
     """A run folder `--resume` (or `flag`: --grow-from, --model) can continue (to `steps`, if given): a readable
     config and an undamaged checkpoint (its recorded SHA-256, finite weights) with its step and weights, not
@@ -84,7 +94,7 @@ def check_resumable(out: Path, steps: int | None = None, flag: str = "--resume")
     missing = [p for p in ("unet", "ema") if not any(k.startswith(p + ".") for k in keys)]
     if missing:
         raise ValueError(f"{ckpt} lacks the weights of {missing}: it cannot be resumed")
-    done = int(step) == steps and (out / "pipeline" / "model_index.json").is_file()
+    done = steps is not None and is_trained(out, steps)
     if steps is not None and (int(step) > steps or done):
         raise ValueError(f"--resume --steps {steps}: the checkpoint is at step {step} already"
                          f"{' and its pipeline is written' if done else ''}; give --steps above {step} to train on")

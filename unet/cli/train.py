@@ -35,7 +35,8 @@ from unet.eval.layout_log import LayoutLog
 from unet.folders import WRITE_ERRORS, hold_folder, write_failed
 from unet.pipeline import progress_bars
 from unet.recipe_file import dump_recipe, known_recipes, read_recipe, read_rounds, round_configs
-from unet.train import RESOLVED_HEADER, NonFiniteLoss, TrainConfig, Trainer, check_resumable, resumed_config
+from unet.train import (RESOLVED_HEADER, NonFiniteLoss, TrainConfig, Trainer, check_resumable, is_trained,
+                         resumed_config)
 
 SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learning-rate schedule's settings
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
@@ -443,11 +444,7 @@ def _main(args) -> int:
 
 def trained(cfg: TrainConfig) -> bool:
     """Whether the run of `cfg` is done: its checkpoint at its last step and its pipeline written."""
-    out = Path(cfg.out)
-    if not (out / "pipeline" / "model_index.json").is_file() or not (out / "checkpoint.safetensors").is_file():
-        return False
-    step = checkpoint.read_metadata(out / "checkpoint.safetensors")[0].get("step", "")
-    return step.isdigit() and int(step) >= cfg.schedule.steps
+    return is_trained(Path(cfg.out), cfg.schedule.steps)
 
 
 ROUND_HEADER = ("Round {number} of the recipe in its run folder's recipe.resolved.toml: these settings, started from\n"
