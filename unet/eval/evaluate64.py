@@ -87,8 +87,8 @@ def run_evaluation64(pipe, seeds: int = 4, steps: int = 25, guidance: float | No
     size = (pipe.unet.config.sample_size, pipe.unet.config.sample_size)
     _, select_pairs = sample_and_judge(pipe, prompts, max(1, seeds // 2), 10_000, steps, guidance)
     records, pairs = sample_and_judge(pipe, prompts, seeds, 0, steps, guidance)
-    threshold = best_threshold(select_pairs["shape_words"])
     own = {key: best_threshold(value) for key, value in select_pairs.items() if key != "numerals" and value}
+    threshold = own.get("shape_words", best_threshold([]))  # every kind's: the shape words' own
     dataset = [dataset_batch64(pipe, dataset_images, dataset_timestep)]
     return {"prompt_following": {**prompt_following64(records), "and_order": and_order(records),
                                  "judged": judged(records, 0)},
