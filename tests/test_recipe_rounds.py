@@ -65,6 +65,28 @@ def test_one_command_trains_every_round_as_the_commands_it_replaces(rounds_recip
                    "every round of its recipe is trained; its model is")
 
 
+def test_a_run_started_from_a_pipeline_names_it_in_its_resolved_recipe(tmp_path):
+    """--start-from is a setting of the call, so the resolved recipe cannot hold it: its header gives the command
+    that trains the run again, --start-from included, and that command ends on the same weights. A run from nothing
+    says nothing of a start."""
+    first, second, again = tmp_path / "first", tmp_path / "second", tmp_path / "again"
+    assert train_script.main(["--recipe", str(TINY), "--out", str(first), "--quiet"]) == 0
+    start = str(first / "pipeline")
+    assert train_script.main(["--recipe", str(TINY), "--out", str(second), "--start-from", start, "--seed", "1",
+                              "--quiet"]) == 0
+
+    def header(folder: Path) -> str:
+        lines = (folder / "recipe.resolved.toml").read_text().splitlines()
+        return " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+
+    assert f"--recipe THIS_FILE --start-from {start} --out NEW_FOLDER` trains it again" in header(second)
+    assert "--start-from" not in header(first)
+    assert header(second / "pipeline") == header(second)  # the pipeline keeps the run's record
+    assert train_script.main(["--recipe", str(second / "recipe.resolved.toml"), "--start-from", start, "--out",
+                              str(again), "--quiet"]) == 0
+    assert same_weights(again, second) and not same_weights(second, first)
+
+
 def test_a_run_stopped_in_each_round_resumes_to_the_same_weights(rounds_recipe, tmp_path, capsys):
     """Stopped by --max-minutes after one step of round 1, then after one step of round 2, and resumed each time,
     the run ends on the weights of the uninterrupted command; a round that stops short holds back the next."""

@@ -130,6 +130,13 @@ def test_the_scenes_64_recipe_rebuilds_the_shipped_model_round_by_round():
         ours = json.loads(json.dumps(cfg.flat()))
         assert {k for k in saved if k in ours and saved[k] != ours[k]} <= {"out", "started_from"}
     assert rounds[-1].started_from == str(Path(rounds[-2].out if len(rounds) > 1 else "runs/scenes-64") / "pipeline")
+    # the shipped resolved recipe is the last round's settings, and its header names the command that makes it
+    shipped = model_folder("scenes-64") / "recipe.resolved.toml"
+    _, resolved = read_recipe(shipped)
+    last = rounds[-1].replace(out=TrainConfig().out, started_from=None)
+    assert TrainConfig.from_flat(**resolved).flat() == last.flat()
+    assert read_rounds(shipped) == []
+    assert f"round {len(rounds) + 1}, the last, of recipes/scenes-64.toml" in shipped.read_text()
 
 
 @pytest.mark.parametrize("args, message", [

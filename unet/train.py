@@ -70,6 +70,18 @@ RESOLVED_HEADER = ("The resolved recipe of this run: every setting it trained wi
                    "applied. `python scripts/train.py --recipe THIS_FILE --out NEW_FOLDER` trains it again.")
 
 
+def resolved_header(cfg: TrainConfig) -> str:
+    """The first lines of `cfg`'s resolved recipe: the command that trains the run again. A run started from a
+    pipeline's weights (--start-from) is not in the file, as that is a setting of the call; the command names it,
+    since the file alone trains the same settings from nothing."""
+    if cfg.started_from is None:
+        return RESOLVED_HEADER
+    return (f"The resolved recipe of this run, started from the weights of {cfg.started_from}: every setting it\n"
+            "trained with, the command line's overrides applied. `python scripts/train.py --recipe THIS_FILE\n"
+            f"--start-from {cfg.started_from} --out NEW_FOLDER` trains it again; without --start-from, these\n"
+            "settings train from nothing.")
+
+
 def is_trained(out: Path, steps: int) -> bool:
     """Whether the run in `out` is done: its checkpoint at step `steps` or past it, and its pipeline written (last,
     and atomically: `Trainer.train`)."""
@@ -465,7 +477,7 @@ class Trainer:
             self.cfg = cfg = resumed_config(cfg, json.loads((self.out / "train_config.json").read_text()))
         elif self.accelerator.is_main_process:
             (self.out / "train_config.json").write_text(json.dumps(cfg.flat(), indent=1))
-            (self.out / "recipe.resolved.toml").write_text(dump_recipe(cfg, RESOLVED_HEADER))
+            (self.out / "recipe.resolved.toml").write_text(dump_recipe(cfg, resolved_header(cfg)))
 
         self.tokenizer, self.text_encoder, self.unet = build_components(cfg, self.out)
         if cfg.started_from and not cfg.resume:  # a resumed run's checkpoint holds the weights it trained since

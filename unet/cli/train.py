@@ -35,8 +35,7 @@ from unet.eval.layout_log import LayoutLog
 from unet.folders import WRITE_ERRORS, hold_folder, write_failed
 from unet.pipeline import progress_bars
 from unet.recipe_file import dump_recipe, known_recipes, read_recipe, read_rounds, round_configs
-from unet.train import (RESOLVED_HEADER, NonFiniteLoss, TrainConfig, Trainer, check_resumable, is_trained,
-                         resumed_config)
+from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, is_trained, resolved_header, resumed_config
 
 SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learning-rate schedule's settings
 # what --grow-from may change in the run it continues; None in the parser means "as that run had it"
@@ -522,7 +521,7 @@ class Rounds:
         if not self.changes:
             return None
         if number == 1:
-            return dump_recipe(self.first, RESOLVED_HEADER, self.changes)
+            return dump_recipe(self.first, resolved_header(self.first), self.changes)
         return dump_recipe(cfg, ROUND_HEADER.format(number=number, source=cfg.started_from))
 
 
