@@ -118,3 +118,24 @@ def test_saved_maps_equal_word_maps_of_the_same_run(tiny_pipeline_dir, tmp_path)
         expected = word_maps(store, words, size=(16, 16), index=k)  # (words, H, W)
         for w in words:
             assert torch.equal(saved[f"{w.index}_{w.text}"][k], expected[w.index]), (k, w.text)
+
+
+def test_given_latents_are_the_noise_the_images_start_from(tiny_pipeline):
+    """`latents` replaces the generator's draw: the generator's own noise passed as latents gives its images, bit
+    for bit, and one noise under two prompts is that noise row by row. A wrong shape is refused, naming the one
+    accepted."""
+    pipe = tiny_pipeline
+    size, channels = pipe.unet.config.sample_size, pipe.unet.config.in_channels
+    prompts = ["a red circle", "a blue square"]
+    drawn = pipe(prompts, num_inference_steps=2, generator=torch.Generator().manual_seed(3), output_type="pt",
+                 show_progress=False).images
+    noise = torch.randn((2, channels, size, size), generator=torch.Generator().manual_seed(3))
+    given = pipe(prompts, num_inference_steps=2, latents=noise, output_type="pt", show_progress=False).images
+    assert torch.equal(given, drawn)
+    one = pipe(prompts[:1], num_inference_steps=2, latents=noise[:1], output_type="pt", show_progress=False).images
+    shared = pipe(prompts, num_inference_steps=2, latents=noise[:1].expand(2, -1, -1, -1), output_type="pt",
+                  show_progress=False).images
+    # (a batch of two against a batch of one: the same noise, up to the float sums of another batch size)
+    assert torch.allclose(shared[:1], one, atol=1e-5) and not torch.allclose(shared[1:], drawn[1:], atol=1e-2)
+    with pytest.raises(ValueError, match=rf"latents must have the shape .* = \(2, {channels}, {size}, {size}\)"):
+        pipe(prompts, num_inference_steps=2, latents=noise[:1], show_progress=False)

@@ -6,14 +6,17 @@ import json
 from argparse import Namespace
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from test_bad_input import one_line_error
 
 from unet.cli import explain as explain_script
 from unet.cli import generate as generate_script
 from unet.control import object_words
-from unet.pipeline import SHAPE_WORDS, load_pipeline, shape_words
+from unet.pipeline import SHAPE_WORDS, ScenePipeline, load_pipeline, shape_words
 from unet.research import diagnose as diagnose_script
+from unet.research.diagnose import noise_summaries
 
 
 @pytest.fixture
@@ -79,6 +82,38 @@ def test_diagnose_counts_tells_each_asked_count_what_was_drawn(tiny64_pipeline_d
     assert not (tmp_path / "e" / "counts.json").exists()
 
 
+def test_diagnose_count_noise_samples_every_count_of_a_shape_from_one_noise(tiny64_pipeline_dir, tmp_path,
+                                                                          monkeypatch):
+    """count-noise: each shape's four counting prompts are one batch whose rows share one noise, another noise per
+    seed; its summaries are read off what was drawn: the exact shares, the misses per noise and an error correlation
+    per pair of counts, and the same with the noises shuffled (every count keeps its misses)."""
+    batches, call = [], ScenePipeline.__call__
+
+    def spy(self, prompt, *args, latents=None, **kwargs):
+        batches.append((list(prompt), latents.clone()))
+        return call(self, prompt, *args, latents=latents, **kwargs)
+
+    monkeypatch.setattr(ScenePipeline, "__call__", spy)
+    assert diagnose_script.main(["count-noise", "--model", str(tiny64_pipeline_dir), "--out", str(tmp_path / "d"),
+                                 "--seeds", "2"]) == 0
+    assert len(batches) == 6 * 2  # six shapes, two noises each
+    for prompts, latents in batches:
+        assert [p.split()[0] for p in prompts] == ["one", "two", "three", "four"]
+        assert all(torch.equal(row, latents[0]) for row in latents)
+    assert not torch.equal(batches[0][1][0], batches[1][1][0])  # the next seed, another noise
+    result = json.loads((tmp_path / "d" / "count-noise.json").read_text())["count_noise"]
+    rows = [row for shape_rows in result["drawn"].values() for row in shape_rows]
+    assert result["noises"] == len(rows) == 12 and all(len(row) == 4 for row in rows)
+    for k, asked in enumerate(("1", "2", "3", "4")):
+        assert result["exact"][asked] == sum(row[k] == int(asked) for row in rows) / 12
+    misses = [sum(found != asked for found, asked in zip(row, (1, 2, 3, 4))) for row in rows]
+    assert result["misses_per_noise"] == [misses.count(m) for m in range(5)]
+    assert sorted(result["error_correlation"]) == ["1/2", "1/3", "1/4", "2/3", "2/4", "3/4"]
+    # shuffling noises within a shape, count by count, keeps every count's misses: the same misses in all
+    shuffled = result["shuffled"]["misses_per_noise"]
+    assert abs(sum(shuffled) - 12) < 1e-9 and abs(sum(m * k for k, m in enumerate(shuffled)) - sum(misses)) < 1e-9
+
+
 def test_diagnose_counts_samples_at_the_guidance_asked_and_refuses_flags_it_would_ignore(tiny64_pipeline_dir,
                                                                                         tmp_path, capsys):
     """counts takes a guidance scale and the guided timesteps, and records them; a guidance flag another diagnosis
@@ -120,3 +155,14 @@ def test_sample_grid_draws_the_prompts_each_model_was_watched_learning(tiny64_pi
     prompts = training_sample_prompts(load_pipeline(bare, show_progress=False))
     assert prompts == read_recipe("scenes-64")[1]["sample_prompts"] and "three green diamonds" in prompts
     assert training_sample_prompts(load_pipeline("scenes-32", show_progress=False)) == RunConfig().sample_prompts
+
+
+def test_noise_summaries_tell_a_noise_that_decides_the_count_from_one_that_does_not():
+    """Errors that go with the noise (a row all one too many, or all right) are all in the same direction and
+    correlate fully; errors that alternate between counts correlate negatively and never agree in direction."""
+    noisy = noise_summaries(np.array([[1, 1, 1, 1], [0, 0, 0, 0]] * 3), [1, 2, 3, 4])
+    assert noisy["misses_per_noise"] == [3, 0, 0, 0, 3] and noisy["same_direction"] == "3 of 3"
+    assert noisy["mean_error_correlation"] == pytest.approx(1.0)
+    alternating = noise_summaries(np.array([[1, -1, 1, -1], [-1, 1, -1, 1]] * 3), [1, 2, 3, 4])
+    assert alternating["same_direction_share"] == 0 and alternating["error_correlation"]["1/2"] == pytest.approx(-1)
+    assert noise_summaries(np.zeros((4, 4), int), [1, 2, 3, 4])["mean_error_correlation"] is None

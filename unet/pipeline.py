@@ -312,7 +312,8 @@ class ScenePipeline(DiffusionPipeline):
                  generator: torch.Generator | None = None, num_images_per_prompt: int = 1,
                  output_type: str = "pil", show_progress: bool = True,
                  controller=None, guidance_min_t: int | None = None,
-                 guidance_rescale: float | None = None, guidance_max_t: int | None = None) -> PipelineOutput:
+                 guidance_rescale: float | None = None, guidance_max_t: int | None = None,
+                 latents: torch.Tensor | None = None) -> PipelineOutput:
         """Sample images of `prompt`.
 
         Args:
@@ -330,6 +331,8 @@ class ScenePipeline(DiffusionPipeline):
             guidance_min_t, guidance_max_t: guide only at timesteps in [min_t, max_t] (default: the config's).
             guidance_rescale: 0 (plain guidance) to 1 (the guided prediction's std pulled back to the
                 conditional one's) (default: the config's).
+            latents: the initial noise, (B, C, H, W) for the B images of the batch, instead of drawing it from
+                `generator` (as diffusers' `latents`): the same noise under other prompts, row by row.
 
         Returns:
             `PipelineOutput` with `images`.
@@ -357,8 +360,15 @@ class ScenePipeline(DiffusionPipeline):
 
         # 3. timesteps and the initial noise
         channels = self.unet.config.in_channels
-        x = torch.randn((B, channels, height, width), generator=generator, dtype=context.dtype,
-                        device="cpu" if generator is None else generator.device).to(self.device)
+        shape = (B, channels, height, width)
+        if latents is None:
+            x = torch.randn(shape, generator=generator, dtype=context.dtype,
+                            device="cpu" if generator is None else generator.device).to(self.device)
+        elif tuple(latents.shape) != shape:
+            raise ValueError(f"latents must have the shape (images, channels, height, width) = {shape}, got "
+                             f"{tuple(latents.shape)}")
+        else:
+            x = latents.to(device=self.device, dtype=context.dtype)
         self.scheduler.set_timesteps(num_inference_steps, device=self.device)
         x = x * self.scheduler.init_noise_sigma
 

@@ -8,6 +8,7 @@
     python scripts/diagnose.py text-routes --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py self-attention-wall --model PATH --out outputs/examples/diagnosis/NAME
     python scripts/diagnose.py counts --model scenes-64 --out outputs/examples/diagnosis/NAME
+    python scripts/diagnose.py count-noise --model scenes-64 --out outputs/examples/diagnosis/NAME
 
 first-step: for single-object colour prompts, samples the same seeds twice: with trailing DDIM, whose first step is
 t = T (for an epsilon model at ~zero SNR, the x0 estimate there is noise amplified by 1/sqrt(alpha_bar)),
@@ -37,6 +38,12 @@ of the named shape each image holds, by the count asked, on fresh seeds (16 per 
 is a miss one too many, one too few, or another shape? At the model's own guidance, or at `--guidance`, guided
 only at the timesteps `--guidance-min-t` to `--guidance-max-t`: does guidance where layout is decided draw the
 count asked?
+count-noise (a model of world scenes-64 only): does the starting noise decide the count? Each shape's four counting
+prompts ("one circle" to "four circles") start from the same noise, `--seeds` noises per shape (16 by
+default, from seed 70000). If the words decided the count, the misses of one noise would be as independent
+as the misses of four noises; if the noise did, a noise that draws one too many for "two" would also for
+"three". Reports the misses per noise against what independent misses would give, whether a noise's
+misses err the same way, and how the errors (drawn less asked) of two counts correlate over the noises.
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
@@ -536,15 +543,79 @@ def counts_drawn(pipe, seeds: int, base_seed: int = COUNTS_BASE_SEED, guidance: 
             "exact": {n: row[n] / sum(row.values()) for n, row in drawn.items()}}
 
 
+COUNT_NOISE_BASE_SEED = 70_000  # noise that neither the evaluation nor `counts_drawn` uses
+
+
+def count_noise(pipe, seeds: int, base_seed: int = COUNT_NOISE_BASE_SEED, shuffles: int = 1000) -> dict:
+    """Each counting shape's prompts, one per count, sampled from one shared noise, `seeds` noises per shape, at the
+    model's own guidance: {"drawn": {shape: [[objects of that shape found, per count asked] per noise]}, "exact",
+    "misses_per_noise", "same_direction" (of the noises with two or more misses, those whose misses are all too many
+    or all too few) and "error_correlation" (Pearson's r of drawn less asked between two counts, over the noises)}.
+    Each summary is also given for the same images with the noises shuffled, count by count within each shape: what
+    it would be if a noise had no say (the mean of `shuffles` shuffles; for the mean correlation its 2.5 and 97.5
+    percentiles too)."""
+    from unet.eval.detect64 import detect as detect64
+    from unet.eval.prompts64 import eval_prompts64
+    by_shape = {}
+    for prompt in eval_prompts64():
+        if prompt.task == "counting":
+            group = prompt.description.groups[0]
+            by_shape.setdefault(group.shape, []).append((group.count, prompt.prompt))
+    counts = sorted({n for rows in by_shape.values() for n, _ in rows})
+    size, channels = pipe.unet.config.sample_size, pipe.unet.config.in_channels
+    drawn = {}
+    for shape, rows in by_shape.items():
+        rows.sort()
+        for seed in range(seeds):
+            noise = torch.randn((1, channels, size, size), generator=torch.Generator().manual_seed(base_seed + seed))
+            images = pipe([text for _, text in rows], latents=noise.expand(len(rows), -1, -1, -1), output_type="np",
+                          show_progress=False).images  # (counts, H, W, 3): one noise under every count
+            drawn.setdefault(shape, []).append([sum(d.shape == shape for d in detect64(image))
+                                                for image in to_uint8(images)])
+    errors = np.array([row for rows in drawn.values() for row in rows]) - np.array(counts)  # (noises, counts)
+    observed = noise_summaries(errors, counts)
+    rng, shuffled = np.random.default_rng(0), []
+    blocks = np.split(np.arange(len(errors)), len(drawn))  # each shape's noises
+    for _ in range(shuffles):
+        order = np.concatenate([rng.permuted(np.tile(block, (len(counts), 1)), axis=1) for block in blocks], axis=1)
+        shuffled.append(noise_summaries(errors[order.T, np.arange(len(counts))], counts))
+    means = [s["mean_error_correlation"] for s in shuffled if s["mean_error_correlation"] is not None]
+    same = [s["same_direction_share"] for s in shuffled if s["same_direction_share"] is not None]
+    return {"seeds": seeds, "base_seed": base_seed, "guidance": default_guidance(pipe), "noises": len(errors),
+            "drawn": drawn,
+            "exact": {str(n): float(share) for n, share in zip(counts, (errors == 0).mean(axis=0))},
+            **observed,
+            "shuffled": {"misses_per_noise": np.mean([s["misses_per_noise"] for s in shuffled], axis=0).tolist(),
+                         "same_direction_share": float(np.mean(same)) if same else None,
+                         "mean_error_correlation": float(np.mean(means)) if means else None,
+                         "mean_error_correlation_95": np.percentile(means, [2.5, 97.5]).tolist() if means else None}}
+
+
+def noise_summaries(errors: np.ndarray, counts: list[int]) -> dict:
+    """What `count_noise` reports of `errors` (noises, counts): drawn less asked, one row per noise."""
+    several = [row[row != 0] for row in errors if (row != 0).sum() >= 2]
+    same = sum(bool((e > 0).all() or (e < 0).all()) for e in several)
+    correlation = {}
+    for i in range(len(counts)):
+        for j in range(i + 1, len(counts)):
+            a, b = errors[:, i], errors[:, j]
+            correlation[f"{counts[i]}/{counts[j]}"] = float(np.corrcoef(a, b)[0, 1]) if a.std() and b.std() else None
+    known = [r for r in correlation.values() if r is not None]
+    return {"misses_per_noise": np.bincount((errors != 0).sum(axis=1), minlength=len(counts) + 1).tolist(),
+            "same_direction": f"{same} of {len(several)}",
+            "same_direction_share": same / len(several) if several else None, "error_correlation": correlation,
+            "mean_error_correlation": float(np.mean(known)) if known else None}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["first-step", "grain", "unconditional", "words", "two-objects", "text-routes",
-                                     "self-attention-wall", "counts"])
+                                     "self-attention-wall", "counts", "count-noise"])
     add_model_argument(p)
     p.add_argument("--out", required=True, help="folder for <what>.json")
     p.add_argument("--overwrite", action="store_true", help="replace a <what>.json (and misses.png) already in --out")
     p.add_argument("--seeds", type=int, default=None, help="seeds per prompt (default 4; two-objects: 24, the "
-                   "images of evaluate.py --fresh-seeds 50000 --seeds 24; counts: 16)")
+                   "images of evaluate.py --fresh-seeds 50000 --seeds 24; counts and count-noise: 16)")
     p.add_argument("--guidance", type=float, default=None,
                    help="first-step: guidance of the x0 estimate; counts: guidance of the sampling (default: the "
                    "model's own)")
@@ -555,7 +626,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.seeds is None:
         args.seeds = (24 if args.what in ("two-objects", "text-routes", "self-attention-wall") else
-                      16 if args.what == "counts" else 4)
+                      16 if args.what in ("counts", "count-noise") else 4)
     with sigterm_as_interrupt():
         try:
             if args.seeds < 1:
@@ -602,11 +673,13 @@ def diagnose(args) -> int:
         raise UsageError(f"--out {args.out} already holds {args.what}.json; pass --overwrite to replace it, or "
                          "choose another folder")
     pipe = load_pipeline(args.model)
-    wants = "scenes-64" if args.what == "counts" else "scenes-32"  # the others use scenes-32's prompts and detector
+    # the others use scenes-32's prompts and detector
+    wants = "scenes-64" if args.what in ("counts", "count-noise") else "scenes-32"
     world = pipe.world or "scenes-32"  # a Stable Diffusion folder: scenes-32's prompts, as before worlds had names
     if world != wants:
         raise UsageError(f"diagnose {args.what} measures a model of world {wants}; {model_label(args.model)} is a "
-                         f"model of world {world} (diagnose counts takes scenes-64 models, every other diagnosis "
+                         f"model of world {world} (diagnose counts and count-noise take scenes-64 models, every "
+                         "other diagnosis "
                          "scenes-32 models)")
     colours = [c for c in COLORS for _ in SHAPES]
     prompts = [f"a {c} {s}" for c in COLORS for s in SHAPES]
@@ -640,6 +713,8 @@ def diagnose(args) -> int:
     elif args.what == "counts":
         guide_only_within(pipe, args.guidance_min_t, args.guidance_max_t)
         result["counts"] = counts_drawn(pipe, args.seeds, guidance=args.guidance)
+    elif args.what == "count-noise":
+        result["count_noise"] = count_noise(pipe, args.seeds)
     elif args.what == "grain":
         result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
     else:
