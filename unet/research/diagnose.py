@@ -42,8 +42,9 @@ count-noise (a model of world scenes-64 only): does the starting noise decide th
 prompts ("one circle" to "four circles") start from the same noise, `--seeds` noises per shape (16 by
 default, from seed 70000). If the words decided the count, the misses of one noise would be as independent
 as the misses of four noises; if the noise did, a noise that draws one too many for "two" would also for
-"three". Reports the misses per noise against what independent misses would give, whether a noise's
-misses err the same way, and how the errors (drawn less asked) of two counts correlate over the noises.
+"three". Reports the misses per noise, whether a noise's misses err the same way, and how the errors (drawn
+less asked) of two counts correlate over the noises; and each of them again with the noises shuffled count by count
+within each shape, which gives what a noise with no say would.
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
 guidance 1 to 4, 25 or 50 steps, guidance limited to t >= 400 and rescaled guidance (`SETTINGS`): tells
 guidance, step count and the model's own low-noise denoising apart.
