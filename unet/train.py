@@ -67,7 +67,7 @@ COLOUR_WORDS = {"scenes-32": tuple(COLORS), "scenes-64": tuple(COLORS_64)}
 # as JSON (what --resume reads)
 RECIPE_FILES = ("recipe.toml", "recipe.resolved.toml", "train_config.json")
 RESOLVED_HEADER = ("The resolved recipe of this run: every setting it trained with, the command line's overrides\n"
-                   "applied. `python scripts/train.py --recipe THIS_FILE --out NEW_FOLDER` trains it again.")
+                   "applied. `python scripts/train.py --recipe THIS_FILE{start} --out NEW_FOLDER` trains it again.")
 
 
 def resolved_header(cfg: TrainConfig) -> str:
@@ -75,11 +75,9 @@ def resolved_header(cfg: TrainConfig) -> str:
     pipeline's weights (--start-from) is not in the file, as that is a setting of the call; the command names it,
     since the file alone trains the same settings from nothing."""
     if cfg.started_from is None:
-        return RESOLVED_HEADER
-    return (f"The resolved recipe of this run, started from the weights of {cfg.started_from}: every setting it\n"
-            "trained with, the command line's overrides applied. `python scripts/train.py --recipe THIS_FILE\n"
-            f"--start-from {cfg.started_from} --out NEW_FOLDER` trains it again; without --start-from, these\n"
-            "settings train from nothing.")
+        return RESOLVED_HEADER.format(start="")
+    return (RESOLVED_HEADER.format(start=f" --start-from {cfg.started_from}")
+            + "\nWithout --start-from, these settings train from nothing.")
 
 
 def is_trained(out: Path, steps: int) -> bool:
