@@ -17,6 +17,7 @@ from unet.cli import evaluate as evaluate_script
 from unet.cli import generate as generate_script
 from unet.cli import train as train_script
 from unet.data import scenes_to_tensor, to_model_range
+from unet.eval.paired import judged
 from unet.pipeline import PRETRAINED, load_pipeline, model_folder, model_label
 from unet.recipe_file import read_recipe, read_rounds, round_configs
 from unet.train import TrainConfig, build_components, fresh_scenes, training_batch
@@ -242,6 +243,24 @@ def test_fresh_seeds_measure_a_64_model_on_other_noise(tiny64_run, tmp_path, cap
     one_line_error(capsys, evaluate_script.main(["--model", pipe, "--fresh-seeds", str(2**64 - 101), "--out",
                                                  str(tmp_path / "d"), "--quiet"]), "--fresh-seeds must be a seed")
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+def test_fresh_seeds_judge_the_images_a_mapped_evaluation_samples_without_recording_maps(tiny64_run, monkeypatch):
+    """Fresh seeds keep no maps, so they record none: the same images are judged the same as with the attention store
+    attached (recording does not change sampling), and no store is built."""
+    from crossattn.capture import AttentionStore
+    from unet.eval import evaluate64
+    pipe = load_pipeline(str(tiny64_run / "pipeline"))
+    prompts = evaluate64.eval_prompts64()[:3]
+    mapped, pairs = evaluate64.sample_and_judge(pipe, prompts, 1, 500, 2, 2.0)
+    assert any(pairs.values())
+
+    def no_store(*args, **kwargs):
+        raise AssertionError("fresh seeds built an attention store")
+    monkeypatch.setattr(AttentionStore, "for_pipeline", no_store)
+    monkeypatch.setattr(evaluate64, "eval_prompts64", lambda: prompts)
+    fresh = evaluate64.prompt_following64_on_fresh_seeds(pipe, 1, 500, 2, 2.0)
+    assert fresh["prompt_following"]["judged"] == judged(mapped, 500)
 
 
 def test_the_benchmark_compares_only_a_scenes_32_model_with_the_previous_architecture(tiny64_run, tiny_pipeline_dir):

@@ -106,7 +106,7 @@ def prompt_following64_on_fresh_seeds(pipe, seeds: int, base_seed: int, steps: i
     report's 8 seeds cannot tell from noise is measured again on other images. No maps."""
     guidance = default_guidance(pipe) if guidance is None else guidance
     prompts = eval_prompts64()
-    records, _ = sample_and_judge(pipe, prompts, seeds, base_seed, steps, guidance)
+    records, _ = sample_and_judge(pipe, prompts, seeds, base_seed, steps, guidance, record_maps=False)
     return {"prompt_following": {**prompt_following64(records), "and_order": and_order(records),
                                  "judged": judged(records, base_seed)},
             "settings": {"seeds": seeds, "base_seed": base_seed, "steps": steps, "guidance": guidance,
