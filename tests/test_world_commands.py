@@ -85,23 +85,25 @@ def test_diagnose_counts_tells_each_asked_count_what_was_drawn(tiny64_pipeline_d
 def test_diagnose_count_noise_samples_every_count_of_a_shape_from_one_noise(tiny64_pipeline_dir, tmp_path,
                                                                           monkeypatch):
     """count-noise: each shape's four counting prompts are one batch whose rows share one noise, another noise per
-    seed; its summaries are read off what was drawn: the exact shares, the misses per noise and an error correlation
-    per pair of counts, and the same with the noises shuffled (every count keeps its misses)."""
+    seed, at the guidance asked; its summaries are read off what was drawn: the exact shares, the misses per noise
+    and an error correlation per pair of counts, and the same with the noises shuffled (every count keeps its
+    misses)."""
     batches, call = [], ScenePipeline.__call__
 
     def spy(self, prompt, *args, latents=None, **kwargs):
-        batches.append((list(prompt), latents.clone()))
+        batches.append((list(prompt), latents.clone(), kwargs["guidance_scale"]))
         return call(self, prompt, *args, latents=latents, **kwargs)
 
     monkeypatch.setattr(ScenePipeline, "__call__", spy)
     assert diagnose_script.main(["count-noise", "--model", str(tiny64_pipeline_dir), "--out", str(tmp_path / "d"),
-                                 "--seeds", "2"]) == 0
+                                 "--seeds", "2", "--guidance", "2.5", "--guidance-min-t", "400"]) == 0
     assert len(batches) == 6 * 2  # six shapes, two noises each
-    for prompts, latents in batches:
-        assert [p.split()[0] for p in prompts] == ["one", "two", "three", "four"]
+    for prompts, latents, guidance in batches:
+        assert [p.split()[0] for p in prompts] == ["one", "two", "three", "four"] and guidance == 2.5
         assert all(torch.equal(row, latents[0]) for row in latents)
     assert not torch.equal(batches[0][1][0], batches[1][1][0])  # the next seed, another noise
     result = json.loads((tmp_path / "d" / "count-noise.json").read_text())["count_noise"]
+    assert result["guidance"] == 2.5 and result["guided_t"] == [400, None]
     rows = [row for shape_rows in result["drawn"].values() for row in shape_rows]
     assert result["noises"] == len(rows) == 12 and all(len(row) == 4 for row in rows)
     for k, asked in enumerate(("1", "2", "3", "4")):
@@ -124,8 +126,10 @@ def test_diagnose_counts_samples_at_the_guidance_asked_and_refuses_flags_it_woul
     counts = json.loads((tmp_path / "d" / "counts.json").read_text())["counts"]
     assert counts["guidance"] == 2.0 and counts["guided_t"] == [500, None]
     assert sum(sum(row.values()) for row in counts["drawn"].values()) == 24  # every counting prompt, once
-    for argv, says in ((["words", "--guidance-max-t", "500"], "--guidance-max-t applies to diagnose counts, not words"),
-                       (["grain", "--guidance", "2"], "--guidance applies to diagnose first-step and counts"),
+    for argv, says in ((["words", "--guidance-max-t", "500"],
+                        "--guidance-max-t applies to diagnose counts and count-noise, not words"),
+                       (["grain", "--guidance", "2"],
+                        "--guidance applies to diagnose first-step, counts and count-noise"),
                        (["counts", "--guidance-min-t", "1000"], "--guidance-min-t must be a timestep from 0 to 999"),
                        (["counts", "--guidance-min-t", "600", "--guidance-max-t", "500"],
                         "no timestep would be guided")):

@@ -42,7 +42,8 @@ count-noise (a model of world scenes-64 only): does the starting noise decide th
 prompts ("one circle" to "four circles") start from the same noise, `--seeds` noises per shape (16 by
 default, from seed 70000). If the words decided the count, the misses of one noise would be as independent
 as the misses of four noises; if the noise did, a noise that draws one too many for "two" would also for
-"three". Reports the misses per noise, whether a noise's misses err the same way, and how the errors (drawn
+"three". At the model's own guidance, or at `--guidance` within `--guidance-min-t` to `--guidance-max-t`, as
+counts. Reports the misses per noise, whether a noise's misses err the same way, and how the errors (drawn
 less asked) of two counts correlate over the noises; and each of them again with the noises shuffled count by count
 within each shape, which gives what a noise with no say would.
 grain: background grain (mean |pixel| off the objects, 0-255) and colour accuracy of the same prompts under
@@ -519,6 +520,11 @@ def word_merging(pipe, zeroed=(0, 1, 2, 3)) -> dict:
     return result
 
 
+def guided_timesteps(pipe) -> list:
+    """[lowest, highest] timestep the pipeline guides (None: no upper bound), as the counting diagnoses record it."""
+    return [pipe.config.get("guidance_min_t", 0), pipe.config.get("guidance_max_t")]
+
+
 COUNTS_BASE_SEED = 60_000  # noise the scenes-64 evaluation's seeds (0 and 10,000 on) never use
 
 
@@ -539,7 +545,7 @@ def counts_drawn(pipe, seeds: int, base_seed: int = COUNTS_BASE_SEED, guidance: 
         row = drawn.setdefault(str(group.count), Counter())
         row[str(found)] += 1
     return {"seeds": seeds, "base_seed": base_seed, "guidance": guidance,
-            "guided_t": [pipe.config.get("guidance_min_t", 0), pipe.config.get("guidance_max_t")],
+            "guided_t": guided_timesteps(pipe),
             "drawn": {n: dict(sorted(row.items())) for n, row in drawn.items()},
             "exact": {n: row[n] / sum(row.values()) for n, row in drawn.items()}}
 
@@ -547,14 +553,15 @@ def counts_drawn(pipe, seeds: int, base_seed: int = COUNTS_BASE_SEED, guidance: 
 COUNT_NOISE_BASE_SEED = 70_000  # noise that neither the evaluation nor `counts_drawn` uses
 
 
-def count_noise(pipe, seeds: int, base_seed: int = COUNT_NOISE_BASE_SEED, shuffles: int = 1000) -> dict:
-    """Each counting shape's prompts, one per count, sampled from one shared noise, `seeds` noises per shape, at the
-    model's own guidance: {"drawn": {shape: [[objects of that shape found, per count asked] per noise]}, "exact",
-    "misses_per_noise", "same_direction" (of the noises with two or more misses, those whose misses are all too many
-    or all too few) and "error_correlation" (Pearson's r of drawn less asked between two counts, over the noises)}.
-    Each summary is also given for the same images with the noises shuffled, count by count within each shape: what
-    it would be if a noise had no say (the mean of `shuffles` shuffles; for the mean correlation its 2.5 and 97.5
-    percentiles too)."""
+def count_noise(pipe, seeds: int, base_seed: int = COUNT_NOISE_BASE_SEED, shuffles: int = 1000,
+                guidance: float | None = None) -> dict:
+    """Each counting shape's prompts, one per count, sampled from one shared noise, `seeds` noises per shape, at
+    `guidance` (None: the model's own) within the pipeline's guided timesteps: {"drawn": {shape: [[objects of that
+    shape found, per count asked] per noise]}, "exact", "guided_t", "misses_per_noise", "same_direction" (of the
+    noises with two or more misses, those whose misses are all too many or all too few) and "error_correlation"
+    (Pearson's r of drawn less asked between two counts, over the noises)}. Each summary is also given for the same
+    images with the noises shuffled, count by count within each shape: what it would be if a noise had no say (the
+    mean of `shuffles` shuffles; for the mean correlation its 2.5 and 97.5 percentiles too)."""
     from unet.eval.detect64 import detect as detect64
     from unet.eval.prompts64 import eval_prompts64
     by_shape = {}
@@ -564,13 +571,15 @@ def count_noise(pipe, seeds: int, base_seed: int = COUNT_NOISE_BASE_SEED, shuffl
             by_shape.setdefault(group.shape, []).append((group.count, prompt.prompt))
     counts = sorted({n for rows in by_shape.values() for n, _ in rows})
     size, channels = pipe.unet.config.sample_size, pipe.unet.config.in_channels
+    guidance = default_guidance(pipe) if guidance is None else guidance
     drawn = {}
     for shape, rows in by_shape.items():
         rows.sort()
         for seed in range(seeds):
             noise = torch.randn((1, channels, size, size), generator=torch.Generator().manual_seed(base_seed + seed))
-            images = pipe([text for _, text in rows], latents=noise.expand(len(rows), -1, -1, -1), output_type="np",
-                          show_progress=False).images  # (counts, H, W, 3): one noise under every count
+            # (counts, H, W, 3): one noise under every count
+            images = pipe([text for _, text in rows], latents=noise.expand(len(rows), -1, -1, -1),
+                          guidance_scale=guidance, output_type="np", show_progress=False).images
             drawn.setdefault(shape, []).append([sum(d.shape == shape for d in detect64(image))
                                                 for image in to_uint8(images)])
     errors = np.array([row for rows in drawn.values() for row in rows]) - np.array(counts)  # (noises, counts)
@@ -582,7 +591,8 @@ def count_noise(pipe, seeds: int, base_seed: int = COUNT_NOISE_BASE_SEED, shuffl
         shuffled.append(noise_summaries(errors[order.T, np.arange(len(counts))], counts))
     means = [s["mean_error_correlation"] for s in shuffled if s["mean_error_correlation"] is not None]
     same = [s["same_direction_share"] for s in shuffled if s["same_direction_share"] is not None]
-    return {"seeds": seeds, "base_seed": base_seed, "guidance": default_guidance(pipe), "noises": len(errors),
+    return {"seeds": seeds, "base_seed": base_seed, "guidance": guidance, "noises": len(errors),
+            "guided_t": guided_timesteps(pipe),
             "drawn": drawn,
             "exact": {str(n): float(share) for n, share in zip(counts, (errors == 0).mean(axis=0))},
             **observed,
@@ -618,12 +628,12 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=None, help="seeds per prompt (default 4; two-objects: 24, the "
                    "images of evaluate.py --fresh-seeds 50000 --seeds 24; counts and count-noise: 16)")
     p.add_argument("--guidance", type=float, default=None,
-                   help="first-step: guidance of the x0 estimate; counts: guidance of the sampling (default: the "
-                   "model's own)")
+                   help="first-step: guidance of the x0 estimate; counts and count-noise: guidance of the sampling "
+                   "(default: the model's own)")
     p.add_argument("--guidance-min-t", type=int, default=None,
-                   help="counts: guide only at timesteps >= this (default: the model's own)")
+                   help="counts and count-noise: guide only at timesteps >= this (default: the model's own)")
     p.add_argument("--guidance-max-t", type=int, default=None,
-                   help="counts: guide only at timesteps <= this (default: the model's own)")
+                   help="counts and count-noise: guide only at timesteps <= this (default: the model's own)")
     args = p.parse_args(argv)
     if args.seeds is None:
         args.seeds = (24 if args.what in ("two-objects", "text-routes", "self-attention-wall") else
@@ -647,10 +657,12 @@ def main(argv=None) -> int:
 
 def check_guidance_flags(args) -> None:
     """UsageError for a guidance flag that the diagnosis `args.what` would ignore."""
-    takes = {"--guidance": ("first-step", "counts"), "--guidance-min-t": ("counts",), "--guidance-max-t": ("counts",)}
+    takes = {"--guidance": ("first-step", "counts", "count-noise"), "--guidance-min-t": ("counts", "count-noise"),
+             "--guidance-max-t": ("counts", "count-noise")}
     for flag, whats in takes.items():
         if getattr(args, flag[2:].replace("-", "_")) is not None and args.what not in whats:
-            raise UsageError(f"{flag} applies to diagnose {' and '.join(whats)}, not {args.what}; leave it out")
+            named = f"{', '.join(whats[:-1])} and {whats[-1]}"
+            raise UsageError(f"{flag} applies to diagnose {named}, not {args.what}; leave it out")
 
 
 def guide_only_within(pipe, low: int | None, high: int | None) -> None:
@@ -715,7 +727,8 @@ def diagnose(args) -> int:
         guide_only_within(pipe, args.guidance_min_t, args.guidance_max_t)
         result["counts"] = counts_drawn(pipe, args.seeds, guidance=args.guidance)
     elif args.what == "count-noise":
-        result["count_noise"] = count_noise(pipe, args.seeds)
+        guide_only_within(pipe, args.guidance_min_t, args.guidance_max_t)
+        result["count_noise"] = count_noise(pipe, args.seeds, guidance=args.guidance)
     elif args.what == "grain":
         result["grain"] = grain_runs(pipe, prompts, colours, args.seeds)
     else:
