@@ -1,5 +1,6 @@
 """A recipe's rounds: `[[round]]` tables after its own schedule, each one more run from the last one's pipeline with
-fresh optimizer moments, so that a model made in rounds is rebuilt by one command (unet/recipe_file.py)."""
+fresh optimizer moments, or the run of the one before going on (`continues`), so that a model made in rounds is
+rebuilt by one command (unet/recipe_file.py)."""
 
 import json
 from pathlib import Path
@@ -152,3 +153,65 @@ def test_rounds_the_recipe_does_not_have_are_refused(rounds_recipe, tmp_path, ca
         path = tmp_path / "lr.toml"
         path.write_text(TINY.read_text() + "[[round]]\nlr = 1e-3\n")
         read_rounds(path)
+
+
+CONTINUED_TOML = "\n[[round]]  # round 2's run, on\ncontinues = true\nsteps = 4\ndecay_start = 3\ndecay_steps = 1\n"
+
+
+def test_a_round_that_continues_is_the_grow_from_it_stands_for(rounds_recipe, tmp_path, capsys):
+    """A `continues = true` round ends on the very weights of `--grow-from` the round before with its schedule:
+    the same checkpoint going on (step, optimizer moments, EMA, random states), its batches on the same seed.
+    Its folder keeps the recipe, and a resolved recipe saying where it went on from."""
+    recipe = tmp_path / "continued.toml"
+    recipe.write_text(rounds_recipe.read_text() + CONTINUED_TOML)
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert train_script.main(["--recipe", str(recipe), "--out", str(one), "--quiet"]) == 0
+    assert (f"round 3 of 3: on to step 4 from the checkpoint {one / 'round-2'}@2, seed 1"
+            in capsys.readouterr().out)
+    assert train_script.main(["--recipe", str(rounds_recipe), "--out", str(two), "--quiet"]) == 0
+    grown = tmp_path / "grown"
+    assert train_script.main(["--grow-from", str(two / "round-2"), "--out", str(grown), "--steps", "4",
+                              "--decay-start", "3", "--decay-steps", "1", "--quiet"]) == 0
+    assert same_weights(one / "round-3", grown) and not same_weights(one / "round-3", one / "round-2")
+    assert checkpoint.read_metadata(one / "round-3" / "checkpoint.safetensors")[0]["step"] == "4"
+
+    saved = json.loads((one / "round-3" / "train_config.json").read_text())
+    assert saved["grown_from"] == f"{one / 'round-2'}@2" and saved["seed"] == 1 and saved["steps"] == 4
+    ours, theirs = (json.loads((f / "train_config.json").read_text()) for f in (one / "round-3", grown))
+    assert {k for k in ours if ours[k] != theirs[k]} == {"out", "grown_from", "started_from"}  # only the folders
+    assert read_rounds(one / "recipe.resolved.toml")[-1] == {"continues": True, "steps": 4, "decay_start": 3,
+                                                             "decay_steps": 1}
+    resolved = (one / "round-3" / "pipeline" / "recipe.resolved.toml").read_text()
+    assert f"going on from\n# the checkpoint of {one / 'round-2'} at step 2" in resolved
+    assert read_recipe(one / "round-3" / "pipeline" / "recipe.resolved.toml")[1]["steps"] == 4
+    assert (one / "round-3" / "pipeline" / "recipe.toml").read_text() == recipe.read_text()
+
+
+def test_a_continued_round_stopped_part_way_resumes_to_the_same_weights(rounds_recipe, tmp_path):
+    """Stopped after one step of the continued round (its checkpoint the round before's, going on) and resumed,
+    the run ends where the uninterrupted one does."""
+    recipe = tmp_path / "continued.toml"
+    recipe.write_text(rounds_recipe.read_text() + CONTINUED_TOML)
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert train_script.main(["--recipe", str(recipe), "--out", str(whole), "--quiet"]) == 0
+    assert train_script.main(["--recipe", str(recipe), "--out", str(cut), "--rounds", "2", "--quiet"]) == 0
+    assert train_script.main(["--out", str(cut), "--resume", "--rounds", "3", "--max-minutes", "1e-6",
+                              "--quiet"]) == 0
+    assert checkpoint.read_metadata(cut / "round-3" / "checkpoint.safetensors")[0]["step"] == "3"
+    assert train_script.main(["--out", str(cut), "--resume", "--quiet"]) == 0
+    assert same_weights(cut / "round-3", whole / "round-3")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[[round]]\ncontinues = true\nseed = 2\nsteps = 8\n", "round 2 continues the round before and so draws its "
+                                                           "batches on from that round's seed; leave seed out"),
+    ("[[round]]\ncontinues = true\nsteps = 4\n", "round 2: steps 4: it goes on from step 4, so give a step above it"),
+    ("[[round]]\ncontinues = true\nsteps = 8\ndecay_start = 3\ndecay_steps = 5\n",
+     "round 2: decay_start 3: it goes on from step 4, so the decay would start part-way down; give 4 or later"),
+    ("[[round]]\ncontinues = 1\nsteps = 8\n", "round 2 continues must be true or false"),
+])
+def test_a_bad_continued_round_is_one_line_at_the_door(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(TINY.read_text() + text)
+    one_line_error(capsys, train_script.main(["--recipe", str(path), "--out", str(tmp_path / "run")]), message)
+    assert not (tmp_path / "run").exists()

@@ -21,6 +21,16 @@ folder; round K trains in RUN/round-K, and the last round's pipeline is the reci
     [[round]]             # round 2: 6,000 more steps from round 1's weights, on other batches
     seed = 1
     steps = 6000
+
+A round with `continues = true` is the run of the round before, going on (what `--grow-from` does): its checkpoint
+copied into RUN/round-K with its step, optimizer moments, EMA and random states, and a new schedule. Its `steps` is
+the step it trains to, past the round before's last; its batches go on with that round's seed, so it takes none.
+
+    [[round]]             # round 3: round 2's run on to step 9,000, with a cooldown of its own
+    continues = true
+    steps = 9000
+    decay_start = 8000
+    decay_steps = 1000
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ SECTIONS = {section: tuple(flat_names(group)) for section, group in GROUPS.items
 TOP_LEVEL = ("description",)  # a line saying what the recipe makes
 ROUND = "round"  # the array of tables [[round]]: the recipe's further rounds
 ROUND_KEYS = (*SECTIONS["schedule"], "seed")  # what a round may change: how long, the rate's course, the batches
+CONTINUES = "continues"  # a round's key: true for the run of the round before, going on (its seed goes on too)
 
 
 class RecipeError(ValueError):
@@ -119,35 +130,60 @@ def read_rounds(recipe: str | Path) -> list[dict]:
     rounds = _table(path).get(ROUND, [])
     if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
         raise RecipeError(f"recipe {path}: {ROUND} must be an array of tables, each headed [[{ROUND}]]")
-    defaults, read = TrainConfig().flat(), []
+    defaults, read = {**TrainConfig().flat(), CONTINUES: False}, []
     for number, entries in enumerate(rounds, start=2):
         where = f"round {number}"
         for key in entries:
-            if key not in ROUND_KEYS:
+            if key not in (*ROUND_KEYS, CONTINUES):
                 raise RecipeError(f"recipe {path}: unknown key {key!r} in {where}; a round changes only "
-                                  f"{', '.join(ROUND_KEYS)}, so that every round trains the same model")
-        read.append({key: _typed(path, where, key, value, defaults[key]) for key, value in entries.items()})
+                                  f"{', '.join(ROUND_KEYS)}, so that every round trains the same model, and may "
+                                  f"say {CONTINUES} = true")
+        changes = {key: _typed(path, where, key, value, defaults[key]) for key, value in entries.items()}
+        if changes.get(CONTINUES) and "seed" in changes:
+            raise RecipeError(f"recipe {path}: {where} continues the round before and so draws its batches on from "
+                              "that round's seed; leave seed out, or leave out continues to start afresh on new ones")
+        read.append(changes)
     return read
 
 
 def round_configs(recipe: TrainConfig, rounds: list[dict], out: str | Path) -> list[TrainConfig]:
     """The runs of `rounds` (`read_rounds`) after the recipe's own run `recipe`, in the run folder `out`: round K in
-    out/round-K, from the pipeline of the round before, with the recipe's settings but those the round changes.
-    ValueError naming the round for a setting that does not hold (`TrainConfig.validate`)."""
+    out/round-K, from the pipeline of the round before, with the recipe's settings but those the round changes; a
+    round that `continues` is the round before's run going on from its last step (`grown_from` "FOLDER@STEP").
+    ValueError naming the round for a setting that does not hold (`TrainConfig.validate`), or for a continued round
+    that does not train past the round before or starts its cooldown before it."""
     if rounds and recipe.text.text_variant != "clip":
         raise ValueError(f"[[{ROUND}]] needs a pipeline to start each round from, and a --text-variant "
                          f"{recipe.text.text_variant} run writes none: rounds are for the clip text side")
-    configs, source = [], Path(out)
+    configs, before = [], recipe.replace(out=str(out))
     for number, changes in enumerate(rounds, start=2):
-        cfg = recipe.replace(**changes, out=str(Path(out) / f"round-{number}"),
-                             started_from=str(source / "pipeline"), resume=False, grown_from=None)
+        changes, folder = dict(changes), str(Path(out) / f"round-{number}")
+        continues = changes.pop(CONTINUES, False)
+        if continues:  # from the round before's checkpoint, at its last step
+            cfg = before.replace(**changes, out=folder, resume=False,
+                                 grown_from=f"{before.out}@{before.schedule.steps}")
+        else:
+            cfg = recipe.replace(**changes, out=folder, started_from=str(Path(before.out) / "pipeline"),
+                                 resume=False, grown_from=None)
         try:
             cfg.validate()
+            if continues:
+                check_continued(cfg, before.schedule.steps)
         except ValueError as e:
             raise ValueError(f"round {number}: {e}") from e
         configs.append(cfg)
-        source = Path(cfg.out)
+        before = cfg
     return configs
+
+
+def check_continued(cfg: TrainConfig, last: int) -> None:
+    """ValueError for a run going on from step `last` (a continued round, `--grow-from`) that would not train past
+    it, or whose cooldown would start before it, part-way down."""
+    if cfg.schedule.steps <= last:
+        raise ValueError(f"steps {cfg.schedule.steps}: it goes on from step {last}, so give a step above it")
+    if cfg.schedule.lr_schedule == "cooldown" and cfg.schedule.decay_start < last:
+        raise ValueError(f"decay_start {cfg.schedule.decay_start}: it goes on from step {last}, so the decay would "
+                         f"start part-way down; give {last} or later")
 
 
 def _typed(path: Path, where: str, key: str, value, default):

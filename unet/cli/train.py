@@ -426,8 +426,9 @@ def _main(args) -> int:
         with hold_folder(cfg.out) if main_process else contextlib.nullcontext():
             for number, leg in plan:
                 if number > 1:
-                    print(f"round {number} of {rounds.count}: {leg.schedule.steps} steps from {leg.started_from}, "
-                          f"seed {leg.run.seed}, in {leg.out}")
+                    start = (f"on to step {leg.schedule.steps} from the checkpoint {leg.grown_from}" if leg.grown_from
+                             else f"{leg.schedule.steps} steps from {leg.started_from}")
+                    print(f"round {number} of {rounds.count}: {start}, seed {leg.run.seed}, in {leg.out}")
                 with hold_folder(leg.out) if main_process and number > 1 else contextlib.nullcontext():
                     code = _train(args, leg, rounds.recipe_file, rounds.resolved(number, leg))
                 if code or not trained(leg):  # a failure, an interrupt or --max-minutes: the next round waits
@@ -449,6 +450,10 @@ def trained(cfg: TrainConfig) -> bool:
 ROUND_HEADER = ("Round {number} of the recipe in its run folder's recipe.resolved.toml: these settings, started from\n"
                 "the pipeline {source}. `python scripts/train.py --recipe RUN/recipe.resolved.toml --out NEW_FOLDER`\n"
                 "trains every round again; this file alone trains this round's settings from nothing.")
+CONTINUED_HEADER = ("Round {number} of the recipe in its run folder's recipe.resolved.toml: these settings, going on from\n"
+                    "the checkpoint of {source} at step {step} (its weights, optimizer moments, EMA and random states).\n"
+                    "`python scripts/train.py --recipe RUN/recipe.resolved.toml --out NEW_FOLDER` trains every round\n"
+                    "again; this file alone trains these settings from nothing.")
 
 
 @dataclasses.dataclass
@@ -522,6 +527,9 @@ class Rounds:
             return None
         if number == 1:
             return dump_recipe(self.first, resolved_header(self.first), self.changes)
+        if cfg.grown_from is not None:
+            source, step = cfg.grown_from.rsplit("@", 1)
+            return dump_recipe(cfg, CONTINUED_HEADER.format(number=number, source=source, step=step))
         return dump_recipe(cfg, ROUND_HEADER.format(number=number, source=cfg.started_from))
 
 
@@ -532,12 +540,13 @@ def _train(args, cfg: TrainConfig, recipe_file: Path | None = None, resolved: st
     if args.grow_from is not None and out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {cfg.out} is not empty: --grow-from starts a new run folder")
     before = _entries(out)
+    grown = cfg.grown_from is not None and not cfg.resume  # --grow-from, or a round that continues the one before
     try:
-        if args.grow_from is not None:
-            cfg = start_grown(cfg, Path(args.grow_from))
+        if grown:
+            cfg = start_grown(cfg, Path(cfg.grown_from.rsplit("@", 1)[0]))
         trainer = Trainer(cfg, callbacks=[LayoutLog()])  # logs only if the run's settings ask (--layout-every)
         main_process = trainer.accelerator.is_main_process
-        if not cfg.resume and main_process:
+        if (grown or not cfg.resume) and main_process:
             if recipe_file is not None:  # the file as written, its comments saying why
                 shutil.copy(recipe_file, out / "recipe.toml")
             if resolved is not None:
