@@ -182,7 +182,7 @@ def test_a_round_that_continues_is_the_grow_from_it_stands_for(rounds_recipe, tm
     assert read_rounds(one / "recipe.resolved.toml")[-1] == {"continues": True, "steps": 4, "decay_start": 3,
                                                              "decay_steps": 1}
     resolved = (one / "round-3" / "pipeline" / "recipe.resolved.toml").read_text()
-    assert f"going on from\n# the checkpoint of {one / 'round-2'} at step 2" in resolved
+    assert f"going on\n# from the checkpoint of {one / 'round-2'} at step 2" in resolved
     assert read_recipe(one / "round-3" / "pipeline" / "recipe.resolved.toml")[1]["steps"] == 4
     assert (one / "round-3" / "pipeline" / "recipe.toml").read_text() == recipe.read_text()
 

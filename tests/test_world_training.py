@@ -118,23 +118,24 @@ def test_the_scenes_64_recipe_has_every_lesson_of_scenes_32():
 
 def test_the_scenes_64_recipe_rebuilds_the_shipped_model_round_by_round():
     """One command, `--recipe scenes-64`, trains every round the shipped model was made by: round 1 has the first
-    run's settings and the last round the shipped pipeline's, each round from the one before (the shipped one
-    started from the shipped first run, `scenes-64` at the time). Only the folders differ."""
+    run's settings and the last round the shipped pipeline's, each round from the one before (the shipped one went
+    on from round 4's run, whose folder was runs/r6-6k at the time). Only the folders differ."""
     path, values = read_recipe("scenes-64")
     first = TrainConfig.from_flat(**values)
     rounds = round_configs(first, read_rounds(path), "runs/scenes-64")
     assert rounds and all(r.schedule.decay_start + r.schedule.decay_steps == r.schedule.steps for r in rounds)
-    assert len({r.run.seed for r in [first, *rounds]}) == 1 + len(rounds)  # every round draws other batches
+    fresh = [first, *(r for r in rounds if r.grown_from is None)]
+    assert len({r.run.seed for r in fresh}) == len(fresh)  # every round that starts afresh draws other batches
     examples = Path(__file__).resolve().parents[1] / "outputs" / "examples" / "scenes-64"
     for cfg, made in ((first, examples / "first-run"), (rounds[-1], model_folder("scenes-64"))):
         saved = json.loads((made / "train_config.json").read_text())
         ours = json.loads(json.dumps(cfg.flat()))
-        assert {k for k in saved if k in ours and saved[k] != ours[k]} <= {"out", "started_from"}
-    assert rounds[-1].started_from == str(Path(rounds[-2].out if len(rounds) > 1 else "runs/scenes-64") / "pipeline")
+        assert {k for k in saved if k in ours and saved[k] != ours[k]} <= {"out", "started_from", "grown_from"}
+    assert rounds[-1].grown_from == f"{rounds[-2].out}@{rounds[-2].schedule.steps}"  # round 4's run, going on
     # the shipped resolved recipe is the last round's settings, and its header names the command that makes it
     shipped = model_folder("scenes-64") / "recipe.resolved.toml"
     _, resolved = read_recipe(shipped)
-    last = rounds[-1].replace(out=TrainConfig().out, started_from=None)
+    last = rounds[-1].replace(out=TrainConfig().out, started_from=None, grown_from=None)
     assert TrainConfig.from_flat(**resolved).flat() == last.flat()
     assert read_rounds(shipped) == []
     assert f"round {len(rounds) + 1}, the last, of recipes/scenes-64.toml" in shipped.read_text()

@@ -450,10 +450,10 @@ def trained(cfg: TrainConfig) -> bool:
 ROUND_HEADER = ("Round {number} of the recipe in its run folder's recipe.resolved.toml: these settings, started from\n"
                 "the pipeline {source}. `python scripts/train.py --recipe RUN/recipe.resolved.toml --out NEW_FOLDER`\n"
                 "trains every round again; this file alone trains this round's settings from nothing.")
-CONTINUED_HEADER = ("Round {number} of the recipe in its run folder's recipe.resolved.toml: these settings, going on from\n"
-                    "the checkpoint of {source} at step {step} (its weights, optimizer moments, EMA and random states).\n"
-                    "`python scripts/train.py --recipe RUN/recipe.resolved.toml --out NEW_FOLDER` trains every round\n"
-                    "again; this file alone trains these settings from nothing.")
+CONTINUED_HEADER = ("Round {number} of the recipe in its run folder's recipe.resolved.toml: these settings, going on\n"
+                    "from the checkpoint of {source} at step {step} (its weights, optimizer moments, EMA and random\n"
+                    "states). `python scripts/train.py --recipe RUN/recipe.resolved.toml --out NEW_FOLDER` trains\n"
+                    "every round again; this file alone trains these settings from nothing.")
 
 
 @dataclasses.dataclass
