@@ -11,7 +11,8 @@ from test_bad_input import one_line_error
 
 from unet import checkpoint
 from unet.cli import train as train_script
-from unet.recipe_file import RecipeError, read_recipe, read_rounds
+from unet.recipe_file import RecipeError, read_recipe, read_rounds, round_configs
+from unet.train_config import TrainConfig
 
 TINY = Path(__file__).resolve().parent / "data" / "tiny-recipe.toml"
 ROUND = {"seed": 1, "steps": 2, "decay_start": 1, "decay_steps": 1}
@@ -215,3 +216,16 @@ def test_a_bad_continued_round_is_one_line_at_the_door(tmp_path, capsys, text, m
     path.write_text(TINY.read_text() + text)
     one_line_error(capsys, train_script.main(["--recipe", str(path), "--out", str(tmp_path / "run")]), message)
     assert not (tmp_path / "run").exists()
+
+
+def test_continued_rounds_go_on_from_the_round_before_whatever_it_was(tmp_path):
+    """A round continued right after round 1 goes on from the run folder itself; a second continued round from the
+    first; one that leaves the cooldown for a constant rate drops the cooldown's steps, as --grow-from does."""
+    path = tmp_path / "chain.toml"
+    path.write_text(TINY.read_text() + "[[round]]\ncontinues = true\nsteps = 6\ndecay_start = 4\ndecay_steps = 2\n"
+                    "[[round]]\ncontinues = true\nsteps = 8\nlr_schedule = 'constant'\n")
+    first = TrainConfig.from_flat(**read_recipe(path)[1])
+    two, three = round_configs(first, read_rounds(path), tmp_path / "run")
+    assert two.grown_from == f"{tmp_path / 'run'}@4" and three.grown_from == f"{tmp_path / 'run' / 'round-2'}@6"
+    assert (three.schedule.lr_schedule, three.schedule.decay_start, three.schedule.decay_steps) == ("constant", 0, 0)
+    assert two.run.seed == three.run.seed == first.run.seed

@@ -160,7 +160,7 @@ def round_configs(recipe: TrainConfig, rounds: list[dict], out: str | Path) -> l
         changes, folder = dict(changes), str(Path(out) / f"round-{number}")
         continues = changes.pop(CONTINUES, False)
         if continues:  # from the round before's checkpoint, at its last step
-            cfg = before.replace(**changes, out=folder, resume=False,
+            cfg = before.replace(**leaving_cooldown(changes), out=folder, resume=False,
                                  grown_from=f"{before.out}@{before.schedule.steps}")
         else:
             cfg = recipe.replace(**changes, out=folder, started_from=str(Path(before.out) / "pipeline"),
@@ -176,9 +176,17 @@ def round_configs(recipe: TrainConfig, rounds: list[dict], out: str | Path) -> l
     return configs
 
 
+def leaving_cooldown(changes: dict) -> dict:
+    """The schedule `changes` of a run that goes on from another (a continued round, `--grow-from`): one that leaves
+    a cooldown for another schedule drops the cooldown's steps, which would no longer apply."""
+    if changes.get("lr_schedule") not in (None, "cooldown"):
+        return {"decay_start": 0, "decay_steps": 0, **changes}
+    return changes
+
+
 def check_continued(cfg: TrainConfig, last: int) -> None:
-    """ValueError for a run going on from step `last` (a continued round, `--grow-from`) that would not train past
-    it, or whose cooldown would start before it, part-way down."""
+    """ValueError for a continued round going on from step `last` that would not train past it, or whose cooldown
+    would start before it, part-way down."""
     if cfg.schedule.steps <= last:
         raise ValueError(f"steps {cfg.schedule.steps}: it goes on from step {last}, so give a step above it")
     if cfg.schedule.lr_schedule == "cooldown" and cfg.schedule.decay_start < last:

@@ -34,7 +34,7 @@ from unet.data import SceneDataset
 from unet.eval.layout_log import LayoutLog
 from unet.folders import WRITE_ERRORS, hold_folder, write_failed
 from unet.pipeline import progress_bars
-from unet.recipe_file import dump_recipe, known_recipes, read_recipe, read_rounds, round_configs
+from unet.recipe_file import dump_recipe, known_recipes, leaving_cooldown, read_recipe, read_rounds, round_configs
 from unet.train import NonFiniteLoss, TrainConfig, Trainer, check_resumable, is_trained, resolved_header, resumed_config
 
 SCHEDULE = ("lr_schedule", "min_lr", "decay_start", "decay_steps")  # the learning-rate schedule's settings
@@ -223,10 +223,7 @@ def training_config(args) -> TrainConfig:
                          "from its source")
     refuse_dropped(args, cfg, (*GROWTH, "clip", "self_attention"),
                    f"--grow-from keeps what {source} has except the settings its help lists")
-    changes = {name: values[name] for name in GROWTH if values.get(name) is not None}
-    if changes.get("lr_schedule") not in (None, "cooldown"):  # leaving a cooldown: its steps no longer apply
-        changes.setdefault("decay_start", 0)
-        changes.setdefault("decay_steps", 0)
+    changes = leaving_cooldown({name: values[name] for name in GROWTH if values.get(name) is not None})
     cooldown = changes.get("lr_schedule", cfg.schedule.lr_schedule) == "cooldown"
     if cooldown and changes.get("decay_start", int(step)) < int(step):
         raise UsageError(f"--decay-start {changes['decay_start']}: {source} is at step {step} already, so the decay "
