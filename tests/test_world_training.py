@@ -119,7 +119,7 @@ def test_the_scenes_64_recipe_has_every_lesson_of_scenes_32():
 def test_the_scenes_64_recipe_rebuilds_the_shipped_model_round_by_round():
     """One command, `--recipe scenes-64`, trains every round the shipped model was made by: round 1 has the first
     run's settings and the last round the shipped pipeline's, each round from the one before (the shipped one went
-    on from round 5's run, whose folder was runs/g8-plain at the time). Only the folders differ."""
+    on from round 6's run, whose folder was runs/g9-18k at the time). Only the folders differ."""
     path, values = read_recipe("scenes-64")
     first = TrainConfig.from_flat(**values)
     rounds = round_configs(first, read_rounds(path), "runs/scenes-64")
@@ -131,7 +131,7 @@ def test_the_scenes_64_recipe_rebuilds_the_shipped_model_round_by_round():
         saved = json.loads((made / "train_config.json").read_text())
         ours = json.loads(json.dumps(cfg.flat()))
         assert {k for k in saved if k in ours and saved[k] != ours[k]} <= {"out", "started_from", "grown_from"}
-    assert rounds[-1].grown_from == f"{rounds[-2].out}@{rounds[-2].schedule.steps}"  # round 5's run, going on
+    assert rounds[-1].grown_from == f"{rounds[-2].out}@{rounds[-2].schedule.steps}"  # round 6's run, going on
     # the shipped resolved recipe is the last round's settings, and its header names the command that makes it
     shipped = model_folder("scenes-64") / "recipe.resolved.toml"
     _, resolved = read_recipe(shipped)
